@@ -6,12 +6,22 @@ records under `acme-admin`), resumed the operator's suspension and retried every
 Its writes name one of its tenants (filled in for a token of one tenant; 403 naming `$.tenant`
 otherwise); another tenant's message or rule is answered as absent (404, word for word); reads
 list its tenants' queues, rules and operations only; what has no tenant (a site suspension, the
-shaping effects) is 403."""
+shaping effects) is 403.
+
+Nothing it is answered tells another tenant's id from one that names nothing: an operation by id
+counted globex's message it found as `looked_at: 1` (0 for an id nothing has), and a retry of
+`{"domain": "*"}` every row of the spool; the message list's `next`, where a page that ran out of
+its scan budget stopped reading, was a globex id. Its cursor is now sealed, and its operations
+count its tenant's mail alone."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -19,6 +29,12 @@ from typing import Any
 
 import pytest
 
+from pigeon.message import Envelope, Recipient, format_id, parse_id
+from pigeon.queue.listing import SCAN_BUDGET
+from pigeon.queue.names import scheduled_queue
+from pigeon.spool.shards import shard_directory
+from pigeon.spool.spool import NewMessage
+from pigeon.spool.sqlite import SqliteSpool
 from tests.support.process import PigeonProcess
 from tests.support.services import RedisServer
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
@@ -335,3 +351,132 @@ def test_a_token_bound_to_a_tenant_reaches_that_tenants_mail_alone_on_every_node
         assert not _bounced(node) & set(ids)
         assert set(ids) <= {row["id"] for row in node.spool_messages()}
     assert not [record for node in cluster for record in node.records("Rebind")]
+
+
+def _nowhere(spool_id: str) -> str:
+    """An id of the same shard as `spool_id` that names no message: made 1000 s before it,
+    before the node started."""
+    return format_id(parse_id(spool_id) - (1000_000 << 22))
+
+
+def _as_seen(answer: Any, spool_id: str) -> str:
+    """An answer with the id asked about (echoed in it) and what differs from one operation to
+    the next (its id, its times) written alike: what is left must be the same, word for word."""
+    text = json.dumps(answer, sort_keys=True).replace(spool_id, "ID")
+    return re.sub(r'"(operation|started|finished)": [^,}]+', r'"\1": "-"', text)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_operation_on_another_tenants_message_by_id_says_what_one_on_an_id_nothing_has_says(
+    tmp_path: Path, sink: ScriptedSink, workers: int
+) -> None:
+    with _node(tmp_path / "node", sink, node={"workers": workers}) as node:
+        globex = _inject(node, "globex", 3)
+        (acme,) = _inject(node, "acme")
+        nowhere = _nowhere(globex[0])
+        assert _api(node, "GET", f"/api/v1/messages/{nowhere}", token=OPS)[0] == 404
+        for action in ("retry", "hold", "bounce"):
+            seen = []
+            for spool_id in (globex[0], nowhere):
+                status, answer = _api(node, "POST", f"/api/v1/admin/{action}", {"messages": [spool_id]})
+                assert status == 200, answer
+                (progress,) = [
+                    op
+                    for op in _api(node, "GET", "/api/v1/admin/operations")[1]["operations"]
+                    if op["operation"] == answer["operation"]
+                ]
+                assert progress["looked_at"] == 0, progress  # (1 for globex's: its message exists)
+                seen.append((_as_seen(answer, spool_id), _as_seen(progress, spool_id)))
+            assert seen[0] == seen[1], f"{action}: another tenant's id is told apart from none"
+        # A selector's operation counts its tenant's mail, not the spool's: 1, not 4.
+        status, retried = _api(node, "POST", "/api/v1/admin/retry", {"domain": "*"})
+        assert status == 200, retried
+        (progress,) = [
+            op
+            for op in _api(node, "GET", "/api/v1/admin/operations")[1]["operations"]
+            if op["operation"] == retried["operation"]
+        ]
+        assert (progress["looked_at"], progress["acted_on"]) == (1, 1), progress
+        status, retried = _api(node, "POST", "/api/v1/admin/retry", {"domain": "*"}, OPS)  # the operator's: all
+        (progress,) = [
+            op
+            for op in _api(node, "GET", "/api/v1/admin/operations", token=OPS)[1]["operations"]
+            if op["operation"] == retried["operation"]
+        ]
+        assert progress["looked_at"] == 4, progress
+        assert not _bounced(node) & set(globex)
+        assert acme not in _bounced(node)
+
+
+def _fill(spool_root: Path, tenant: str, count: int) -> list[str]:
+    """`count` deferred messages of `tenant` in shard 0 (due in an hour), written through the
+    spool API before the node starts (receiving them would take minutes): their ids."""
+
+    async def write() -> list[str]:
+        spool = SqliteSpool(shard_directory(spool_root, 0), shard=0, max_batch=4096)
+        spool.open(asyncio.get_running_loop())
+        now = time.time()
+        queue = scheduled_queue("tb.test", tenant, "")
+        stored, ids = [], []
+        for spool_id in spool.new_ids(count):
+            writer = spool.body_writer(spool_id)
+            writer.write(b"Subject: hi\r\n\r\nhello\r\n")
+            recipients = [Recipient("u@tb.test")]
+            envelope = Envelope("app@example.org", recipients, peer="127.0.0.1", helo="test", tenant=tenant)
+            message = NewMessage(spool_id, queue, envelope, created=now, due=now + 3600)
+            stored.append(spool.store(writer.finish(), [message]))
+            ids.append(format_id(spool_id))
+        try:
+            await asyncio.gather(*stored)
+        finally:
+            spool.close()
+        return ids
+
+    return asyncio.run(write())
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_token_bound_to_a_tenant_pages_by_a_cursor_that_names_no_other_tenants_message(
+    tmp_path: Path, sink: ScriptedSink, workers: int
+) -> None:
+    # More of globex's mail than a page reads (`SCAN_BUDGET`): acme's first page ends short,
+    # where it stopped reading, on a message of globex's, which `next` named.
+    globex = set(_fill(tmp_path / "node" / "spool", "globex", SCAN_BUDGET + 100))
+    with _node(tmp_path / "node", sink, node={"workers": workers}) as node:
+        acme = _inject(node, "acme", 2)
+        status, page = _api(node, "GET", "/api/v1/messages")
+        assert status == 200, page
+        assert page["messages"] == [] and page["next"] is not None, page
+        assert page["next"] not in globex and re.fullmatch(r"[0-9a-f]{48}", page["next"]), page
+        # Paging on with it, as given, lists acme's mail: stable, the same cursor each time.
+        assert _api(node, "GET", "/api/v1/messages")[1]["next"] == page["next"]
+        listed: list[str] = []
+        cursor = page["next"]
+        while cursor is not None:
+            status, page = _api(node, "GET", f"/api/v1/messages?after={cursor}")
+            assert status == 200, page
+            assert page["next"] is None or page["next"] not in globex, page
+            listed += [m["id"] for m in page["messages"]]
+            cursor = page["next"]
+        assert listed == acme
+
+        # Forged, an id (globex's, or none's), altered, or another binding's: one refusal, word
+        # for word, whatever it names.
+        first = _api(node, "GET", "/api/v1/messages")[1]["next"]
+        altered = first[:-1] + ("0" if first[-1] != "0" else "1")
+        duo_cursor = _api(node, "GET", "/api/v1/messages", token=DUO)[1]["next"]
+        assert duo_cursor is not None and duo_cursor != first
+        refusals = {
+            json.dumps(_api(node, "GET", f"/api/v1/messages?after={after}"))
+            for after in (min(globex), _nowhere(min(globex)), altered, "0" * 48, duo_cursor)
+        }
+        assert len(refusals) == 1, refusals
+        status, refused = json.loads(refusals.pop())
+        assert (status, refused["field"]) == (400, "after"), refused
+
+        # The operator pages by message id, as before.
+        status, page = _api(node, "GET", "/api/v1/messages?limit=5", token=OPS)
+        assert status == 200, page
+        assert page["next"] == page["messages"][-1]["id"] and page["next"] in globex
+        status, page = _api(node, "GET", f"/api/v1/messages?limit=5&after={page['next']}", token=OPS)
+        assert status == 200 and len(page["messages"]) == 5, page

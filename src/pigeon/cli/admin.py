@@ -498,7 +498,12 @@ def _register_queue_list(actions: Any) -> None:
     states = "deferred, suspended, held, due, scheduled, ready, in_flight, settling"
     listing.add_argument("--state", help=f"only these states, comma-separated: {states}")
     listing.add_argument("--limit", type=_positive, default=1000, help="show at most this many (default 1000)")
-    listing.add_argument("--after", metavar="ID", type=identifier, help="start after this message (paging on)")
+    listing.add_argument(
+        "--after",
+        metavar="ID",
+        type=identifier,
+        help="start after this message (paging on; with a --token bound to tenants, the cursor the last list named)",
+    )
     listing.set_defaults(run=_queue_list)
 
 

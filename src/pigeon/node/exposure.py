@@ -3,11 +3,12 @@ Pigeon's may read, and an HTTP API listening beyond loopback in plain HTTP.
 
 The files: the config file when it holds secrets (`[[http.token]]`s, a webhook's `secret` or
 authorization header, a password in a Redis URL or a PostgreSQL DSN, a `[[mailbox]]` password),
-the SMTP users file, the TLS private key, the DKIM private keys, the `[[mailbox]]` password files
-and the local API token. One is warned about when other users may read it (mode `o+r`), or its
-group may and that group is none of the node's own (`chgrp pigeon` with mode 0640 is how a
-root-owned file is shared with the user the node runs as: README's set-up does so with the
-config file), as ssh does for a private key. Nothing is refused: the warning says what to do.
+the SMTP users file, the TLS private key, the DKIM private keys, the `[[mailbox]]` password files,
+the local API token and the key of bound tokens' paging cursors. One is warned about when other
+users may read it (mode `o+r`), or its group may and that group is none of the node's own
+(`chgrp pigeon` with mode 0640 is how a root-owned file is shared with the user the node runs
+as: README's set-up does so with the config file), as ssh does for a private key. Nothing is
+refused: the warning says what to do.
 
 Said by one process of a node (worker 0, as the other warnings of the config), at start and at
 each reload, once per file while it stays so: a file made private and then readable again is
@@ -178,6 +179,7 @@ def secret_files(config: Config, config_path: Path | None) -> Iterator[tuple[Pat
             yield route.auth_password_file, f"the smart host's password of [[route]] {route.domain!r}"
     if config.http.local_token:
         yield config.spool.path / "api-token", "the local API token ([http] local_token)"
+    yield config.spool.path / "cursor-key", "the key of the paging cursors of tokens bound to tenants"
 
 
 def config_secrets(config: Config) -> list[str]:

@@ -78,6 +78,7 @@ from pigeon.listener.http.inject import FORWARDED_PEER, INJECT_PATHS
 from pigeon.listener.http.json_body import require_json
 from pigeon.listener.http.listing import PATH as LIST_PATH
 from pigeon.listener.http.metrics import cluster_comment, exposition
+from pigeon.listener.http.tenancy import sealed_page
 from pigeon.message import parse_id, shard_of
 from pigeon.node import collector, signals
 from pigeon.node.answers import merge_answers, merge_metric_answers
@@ -1161,6 +1162,9 @@ class Supervisor:
                     merged["already"] = False
         else:
             status, merged = await self._to_workers_in_turn(request, body, issued)
+        if tenants is not None and request.method == "GET" and request.path.rstrip("/") == LIST_PATH:
+            # Merged on the workers' ids; a bound token is given its cursor sealed, naming no message.
+            merged = sealed_page(merged, self._tokens.cursor_key, tenants)
         # (Each worker confined its own answer; the other nodes' are confined here.)
         return web.json_response(confined_answer(request.method, request.path, merged, tenants), status=status)
 

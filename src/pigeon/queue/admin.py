@@ -952,7 +952,7 @@ class Admin:
         of these messages only, read by id rather than by a walk of the whole spool; `missed`
         filled with those of them found here that `selector` does not match, by id: the
         selector's members that miss it (`Selector.unmatched`)."""
-        acted = marked = seen = 0
+        acted = marked = seen = read = 0
         shown = msgspec.to_builtins(selector)
         if ids is not None:  # (not "{}": an operation on named messages is not one on everything)
             shown["messages"] = [format_id(spool_id) for spool_id in ids]
@@ -960,7 +960,7 @@ class Admin:
             "operation": operation or new_rule_id(),
             "kind": name,
             "selector": shown,
-            "looked_at": 0,
+            "looked_at": 0,  # rows read: of a selector naming a tenant, that tenant's (`Selector.of_its_tenant`)
             "acted_on": 0,
             "waited": 0,  # messages it found settling and acted on once their outcome was written
             "after_attempt": 0,  # of those acted on, being sent: acted on as far as the attempt leaves them
@@ -987,7 +987,10 @@ class Admin:
             settling: list[_Settling] = []
             for message in batch:
                 one(message, commits, settling)
-            seen += len(batch)
+            # Of a selector naming a tenant, that tenant's rows alone (`Selector.of_its_tenant`):
+            # the count a token bound to it reads tells nothing of other tenants' mail.
+            seen += len(batch) if selector.tenant is None else sum(map(selector.of_its_tenant, batch))
+            read += len(batch)
             # Settling messages: once their outcome is written, act on the row it left.
             for _ in range(_MAX_WAITS):
                 if not settling:
@@ -1003,7 +1006,7 @@ class Admin:
                 _log.warning("admin %s: message %s kept settling; left alone", name, format_id(waited.id))
             await asyncio.gather(*commits)
             progress.update(looked_at=seen, acted_on=acted, after_attempt=marked)
-            if seen % _PROGRESS_EVERY < _BATCH:
+            if read % _PROGRESS_EVERY < _BATCH:
                 _log.info("admin %s: %s looked at, %d acted on", name, _messages(seen), acted)
             await self._pause(time.perf_counter() - started)
         progress.update(looked_at=seen, acted_on=acted, after_attempt=marked, running=0, finished=self._clock())

@@ -11,6 +11,8 @@ A page's `next` is the id up to which every shard it covers was read: the next p
 after it, so pages neither repeat nor skip a message that stays queued, however the mail moves
 meanwhile (a message keeps its id when it is deferred, suspended or rebound). Pages of several
 shards, or of several workers (`merge_pages`, in the supervisor), are merged on that cursor.
+That id may be any tenant's: a token bound to tenants is given it sealed, naming no message
+(`pigeon.listener.http.tenancy.seal_cursor`).
 """
 
 from __future__ import annotations

@@ -99,6 +99,13 @@ class Selector(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
             missed.append("domain")
         return missed
 
+    def of_its_tenant(self, message: Message) -> bool:
+        """Whether `message` is of a tenant its `tenant` glob matches, as `matches` judges it (of
+        any, without one): what a bulk operation counts as `looked_at`. A token bound to tenants
+        acts through a selector naming its tenant (`tenancy.confine_selector`); counting every row
+        read would tell it how much of the spool is other tenants', and by id which of theirs exist."""
+        return self.tenant is None or fnmatch.fnmatchcase(_parts(message)[0], self.tenant)
+
     def matches_site(self, site: str) -> bool:
         """Whether `site` (`hosts[:port]`, the port left out when it is 25) is one this selector's
         site glob names. A glob without a port names its hosts on any port, as people write

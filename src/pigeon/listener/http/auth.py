@@ -28,6 +28,10 @@ from pigeon.config.schema import LOCAL_TOKEN_NAME, Config
 Scope = Literal["inject", "admin", "read"]
 ALL_SCOPES: Final[tuple[Scope, ...]] = ("inject", "admin", "read")
 LOCAL_TOKEN_FILE: Final = "api-token"
+CURSOR_KEY_FILE: Final = "cursor-key"
+"""The key that seals the paging cursors a token bound to tenants is given (`tenancy.seal_cursor`),
+made at first start: the node's supervisor and workers read the same one, and it outlives a
+restart, so a cursor given before one still pages on after it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,13 +48,19 @@ class Tokens:
         self,
         tokens: Sequence[tuple[str, str, Sequence[str]]],
         bindings: dict[str, frozenset[str]] | None = None,
+        cursor_key: bytes | None = None,
     ) -> None:
         self._tokens = [_Token(name, _digest(secret), frozenset(scopes)) for name, secret, scopes in tokens]
         self._bindings = bindings or {}
+        self.cursor_key = cursor_key if cursor_key is not None else secrets.token_bytes(32)
+        """Seals the paging cursors of tokens bound to tenants (`CURSOR_KEY_FILE`; made up, for
+        tokens not made from a config)."""
 
     @classmethod
     def from_config(cls, config: Config) -> Tokens:
-        return cls(_configured(config, config.spool.path), _bindings(config))
+        spool_path = config.spool.path
+        key = hashlib.sha256(_ensure_secret(spool_path, CURSOR_KEY_FILE).encode()).digest()
+        return cls(_configured(config, spool_path), _bindings(config), key)
 
     def take(self, config: Config, spool_path: Path) -> None:
         """A reload's `[[http.token]]`s (and `local_token`), in force for the next request: a
@@ -115,13 +125,19 @@ def _bindings(config: Config) -> dict[str, frozenset[str]]:
 
 def ensure_local_token(spool_path: Path) -> str:
     """The local token, made (once, whoever starts first) if missing."""
-    path = spool_path / LOCAL_TOKEN_FILE
+    return _ensure_secret(spool_path, LOCAL_TOKEN_FILE)
+
+
+def _ensure_secret(spool_path: Path, name: str) -> str:
+    """The 32 random bytes (in hex) of the file `name` in the spool, made (once, whoever starts
+    first: a lock of its own) if missing, mode 0600."""
+    path = spool_path / name
     try:
         return path.read_text().strip()
     except FileNotFoundError:
         pass
     spool_path.mkdir(parents=True, exist_ok=True)
-    lock = os.open(spool_path / ".api-token.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    lock = os.open(spool_path / f".{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not path.exists():

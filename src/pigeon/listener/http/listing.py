@@ -9,7 +9,11 @@ none of them needed; `state` is one or more of `listing.STATES`, comma-separated
 reads at most `listing.SCAN_BUDGET` rows of its spool for one page (see `pigeon.queue.listing`).
 
 With several workers the supervisor asks each and merges their pages on the cursor
-(`listing.merge_page_answers`). A token bound to tenants lists its tenants' mail alone.
+(`listing.merge_page_answers`). A token bound to tenants lists its tenants' mail alone, and
+pages by sealed cursors, not ids (`tenancy.seal_cursor`): a page that ran out of its budget
+would otherwise end on another tenant's message, named as `next`. Sealed by whichever process
+answers the client (a worker answering its supervisor gives the id, which the supervisor merges
+on, then seals); opened by each worker, which share the key (`Tokens.cursor_key`).
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from pigeon.listener.http import tenancy
 from pigeon.listener.http.admin import MAX_SELECTOR, AdminRequest, _admin, _known_query, _normalise_globs
-from pigeon.listener.http.context import NODE_KEY
+from pigeon.listener.http.context import NODE_KEY, from_supervisor
 from pigeon.listener.http.inject import bad_request
 from pigeon.message import parse_id
 from pigeon.queue import listing
@@ -37,7 +42,9 @@ class ListRequest:
 
     __slots__ = ("after", "limit", "selector", "states")
 
-    def __init__(self, query: Any) -> None:
+    def __init__(self, query: Any, sealed: tuple[bytes, frozenset[str]] | None = None) -> None:
+        """`sealed`: the cursor key and the tenants of a token bound to them, whose `after` is a
+        cursor sealed for them (`tenancy.open_cursor`), not an id."""
         _known_query(query.keys(), PARAMETERS)
         for name in PARAMETERS:
             if len(query.getall(name, ())) > 1:
@@ -79,7 +86,18 @@ class ListRequest:
                 raise bad_request(f"limit is a whole number from 1 to {listing.MAX_LIMIT}, not {limit[:20]!r}", "limit")
             self.limit = int(limit)
         self.after = 0
-        if (after := query.get("after")) is not None:
+        if (after := query.get("after")) is not None and sealed is not None:
+            position = tenancy.open_cursor(*sealed, after)
+            if position is None:
+                # One answer for whatever it is instead (an id, another tenant's, one altered):
+                # the refusal tells nothing of the spool.
+                raise bad_request(
+                    "after is the `next` of the page before, as it was given (a token bound to tenants pages by "
+                    "cursor, not by message id): give it as it is, or leave after out to start from the oldest",
+                    "after",
+                )
+            self.after = position
+        elif after is not None:
             try:
                 self.after = parse_id(after)
             except ValueError as error:
@@ -90,8 +108,11 @@ async def list_messages(request: web.Request) -> web.Response:
     tokens = request.app[NODE_KEY].tokens
     tenants = tokens.binding(tokens.holder(request, "read"))
     admin = _admin(request, None, reads=True)
-    asked = ListRequest(request.query)
+    sealed = (tokens.cursor_key, tenants) if tenants is not None else None
+    asked = ListRequest(request.query, sealed)
     page = await admin.list_messages(
         asked.selector, states=asked.states, tenants=tenants, after=asked.after, limit=asked.limit
     )
+    if sealed is not None and not from_supervisor(request):  # (the supervisor merges on ids, then seals)
+        page = tenancy.sealed_page(page, *sealed)
     return web.json_response(page)

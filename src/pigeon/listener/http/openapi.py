@@ -611,7 +611,11 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
             "operation": {"type": "string"},
             "kind": {"type": "string", "description": "bounce, rebind, retry, ..."},
             "selector": {"type": "object"},
-            "looked_at": count,
+            "looked_at": {
+                **count,
+                "description": "Messages looked at; of a selector naming a tenant (every one a token bound to tenants "
+                "makes), that tenant's alone",
+            },
             "acted_on": count,
             "waited": count,
             "after_attempt": count,
@@ -924,8 +928,9 @@ def _list_parameters() -> list[dict[str, Any]]:
             "name": "after",
             "in": "query",
             "required": False,
-            "description": "The `next` of the page before: this page starts after that message",
-            "schema": {"type": "string", "pattern": "^[0-7][0-9a-fA-F]{15}$"},
+            "description": "The `next` of the page before: this page starts after that message (to a token bound to "
+            "tenants, after where that page stopped: its sealed cursor, as it was given; anything else is 400)",
+            "schema": {"type": "string", "pattern": "^(?:[0-7][0-9a-fA-F]{15}|[0-9a-f]{48})$"},
         },
     ]
 
@@ -983,7 +988,8 @@ def _message_page() -> dict[str, Any]:
             "next": {
                 "type": ["string", "null"],
                 "description": "Give it as `after` for the next page; null: no more. A page may be short (even "
-                "empty) and have one: a worker reads a bounded part of its spool for each page",
+                "empty) and have one: a worker reads a bounded part of its spool for each page. The last message "
+                "read (an id); to a token bound to tenants, a sealed cursor (48 hex digits) that names no message",
             },
         },
         "messages",

@@ -17,7 +17,11 @@ endpoint such a token reaches:
   bounce, retry or hold names by id, `not_found` (not `not_selected`, queued but not selected);
 - reads show its tenants' scheduled queues, rules and bulk operations only; the ready queues
   (the sites, which every tenant's mail shares) not at all;
-- what has no tenant (the shaping effects, of sites) is 403.
+- what has no tenant (the shaping effects, of sites) is 403;
+- the message list's `next` (GET /api/v1/messages) is a sealed cursor, not a message id
+  (`seal_cursor`): a page that ran out of its scan budget ends where it stopped reading, often at
+  another tenant's message, whose id the cursor would otherwise name. Its `after` takes such a
+  cursor alone (sealed for its tenants), so a forged position, or an id, tells it nothing.
 
 A message, queue, rule or operation is a tenant's as a selector matches it
 (`pigeon.queue.rules.Selector.matches`): by the tenant part of its queue's name
@@ -32,6 +36,8 @@ request as confined there.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import re
 from collections.abc import Collection, Mapping
@@ -39,10 +45,12 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from pigeon.message import parse_id
 from pigeon.queue.names import campaign_problem, queue_name, queue_parts
 from pigeon.smtp.address import check as address_problem
 
 _GLOB_CHARACTER: Final = re.compile(r"([*?\[])")
+_CURSOR: Final = re.compile(r"[0-9a-f]{48}")
 _REFUSED_FIELD: Final = "Authorization"
 """The `field` of a refusal of the token itself (what it asked for has no tenant): as the 403
 of a missing scope names it."""
@@ -249,3 +257,46 @@ def _keep_not_held(answer: dict[str, Any], named: set[Any]) -> None:
         answer["not_held"] = {rule_id: at for rule_id, at in answer["not_held"].items() if rule_id in named}
         if not answer["not_held"]:
             del answer["not_held"]
+
+
+def seal_cursor(key: bytes, tenants: Collection[str], position: int) -> str:
+    """A position in the spool's id order (`pigeon.queue.listing`: where a page stopped reading)
+    as the cursor a token bound to `tenants` is given: 48 hex digits that name no message. The
+    position enciphered (with a pad drawn from the tag), and a tag of the position and the
+    tenants (keyed: `Tokens.cursor_key`), so it cannot be read, nor made or altered to start
+    elsewhere, nor taken by a token of other tenants. The same position gives the same cursor."""
+    plain = position.to_bytes(8, "big")
+    tag = _cursor_tag(key, tenants, plain)
+    pad = hashlib.blake2b(tag, key=key, digest_size=8, person=b"pigeon-cursor-p").digest()
+    return (bytes(a ^ b for a, b in zip(plain, pad, strict=True)) + tag).hex()
+
+
+def open_cursor(key: bytes, tenants: Collection[str], cursor: str) -> int | None:
+    """The position `seal_cursor` sealed in `cursor` for `tenants`; None if it sealed none (a
+    message id, a cursor altered or of other tenants, anything else), whatever it is instead."""
+    if not _CURSOR.fullmatch(cursor):
+        return None
+    sealed = bytes.fromhex(cursor)
+    tag = sealed[8:]
+    pad = hashlib.blake2b(tag, key=key, digest_size=8, person=b"pigeon-cursor-p").digest()
+    plain = bytes(a ^ b for a, b in zip(sealed[:8], pad, strict=True))
+    if not hmac.compare_digest(tag, _cursor_tag(key, tenants, plain)):
+        return None
+    return int.from_bytes(plain, "big")
+
+
+def _cursor_tag(key: bytes, tenants: Collection[str], plain: bytes) -> bytes:
+    whose = "\0".join(sorted(tenants)).encode("utf-8", "surrogateescape")
+    return hashlib.blake2b(plain + b"\0" + whose, key=key, digest_size=16, person=b"pigeon-cursor-t").digest()
+
+
+def sealed_page(answer: Any, key: bytes, tenants: Collection[str]) -> Any:
+    """A message list's answer (its workers' pages merged, a partial one's `answers` too) as a
+    token bound to `tenants` is given it: its `next` sealed (`seal_cursor`)."""
+    if not isinstance(answer, dict):
+        return answer
+    if isinstance(answer.get("answers"), dict):
+        answer["answers"] = sealed_page(answer["answers"], key, tenants)
+    if isinstance(answer.get("next"), str):
+        answer["next"] = seal_cursor(key, tenants, parse_id(answer["next"]))
+    return answer
