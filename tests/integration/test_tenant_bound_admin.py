@@ -32,6 +32,7 @@ import pytest
 from pigeon.message import Envelope, Recipient, format_id, parse_id
 from pigeon.queue.listing import SCAN_BUDGET
 from pigeon.queue.names import scheduled_queue
+from pigeon.queue.rules import Selector, standing_rule_id
 from pigeon.spool.shards import shard_directory
 from pigeon.spool.spool import NewMessage
 from pigeon.spool.sqlite import SqliteSpool
@@ -42,10 +43,12 @@ from tests.support.sinks import ScriptedSink, delivery_config, wait_until
 OPS = "ops-token-0123456789"  # admin, read: bound to no tenant (the operator)
 ACME = "acme-admin-0123456789"  # admin, read: bound to acme
 DUO = "duo-admin-0123456789"  # admin, read: bound to acme and beta
+GLOBEX = "globex-admin-0123456789"  # admin, read: bound to globex
 TOKENS = [
     {"name": "ops", "token": OPS, "scopes": ["admin", "read"]},
     {"name": "acme-admin", "token": ACME, "scopes": ["admin", "read"], "tenants": ["acme"]},
     {"name": "duo", "token": DUO, "scopes": ["admin", "read"], "tenants": ["acme", "beta"]},
+    {"name": "globex-admin", "token": GLOBEX, "scopes": ["admin", "read"], "tenants": ["globex"]},
 ]
 
 
@@ -193,6 +196,22 @@ def test_a_token_bound_to_a_tenant_gets_the_same_refusals_through_the_pigeon_com
         done = pigeon("queue", "summary", "--json")
         assert done.returncode == 0, done
         assert "acme@tb.test" in done.stdout and "globex" not in done.stdout
+        # The operator's suspension of its mail it cannot resume; its own, it can, and is told
+        # that another suspension still holds the mail (not which).
+        status, held = _api(node, "POST", "/api/v1/admin/suspend", {"tenant": "acme", "reason": "ABUSE"}, OPS)
+        assert status == 200, held
+        theirs = held["rule"]["id"]
+        done = pigeon("resume", theirs)
+        assert (done.returncode, done.stderr) == (2, f"pigeon: 404: no suspension {theirs} (id)\n"), done
+        done = pigeon("suspend", "--domain", "tb.test", "--json")
+        assert done.returncode == 0, done
+        own = json.loads(done.stdout)["rule"]["id"]
+        done = pigeon("resume", own)
+        assert done.returncode == 0, done
+        assert done.stdout == "resumed: 0 messages due now; 1 message left held by another suspension " \
+            "(`pigeon suspend --list`)\n"  # fmt: skip
+        assert theirs not in done.stdout
+        assert _api(node, "DELETE", f"/api/v1/admin/suspend/{theirs}", token=OPS)[0] == 200
         done = pigeon("bounce", "--domain", "tb.test", "--reason", "acme's")
         assert done.returncode == 0, done
         wait_until(lambda: acme in _bounced(node))
@@ -305,6 +324,126 @@ def test_a_token_bound_to_a_tenant_finds_another_tenants_message_named_by_id_as_
         assert _bounced(node) == set()
 
 
+def _no_such(kind: str, rule_id: str) -> tuple[int, Any]:
+    """The answer to a cancel of an id nothing has."""
+    what = "standing bounce" if kind == "bounce" else "suspension"
+    return 404, {"error": f"no {what} {rule_id}", "field": "id", "cancelled": False}
+
+
+def _suspended_by(node: PigeonProcess, spool_id: str) -> Any:
+    return _api(node, "GET", f"/api/v1/messages/{spool_id}", token=OPS)[1]["suspended_by"]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_token_bound_to_a_tenant_cannot_end_the_operators_suspension_or_bounce_of_its_tenants_mail(
+    tmp_path: Path, sink: ScriptedSink, workers: int
+) -> None:
+    # It could: the operator's rule named its tenant, and that was all it asked of a rule.
+    with _node(tmp_path / "node", sink, node={"workers": workers}) as node:
+        acme = _inject(node, "acme", 2)
+        status, held = _api(node, "POST", "/api/v1/admin/suspend", {"tenant": "acme", "reason": "ABUSE"}, OPS)
+        assert (status, held["held"]) == (200, 2), held
+        theirs = held["rule"]["id"]
+        standing = {"tenant": "acme", "domain": "victim.test", "duration": "1d", "reason": "ABUSE"}
+        status, bounce = _api(node, "POST", "/api/v1/admin/bounce", standing, OPS)
+        assert status == 200, bounce
+
+        # It sees why its mail waits (the rules name its tenant), and that they are not its own...
+        listed = _api(node, "GET", "/api/v1/admin/suspend")[1]["rules"]
+        assert [(rule["id"], rule.get("bound_to")) for rule in listed] == [(theirs, None)]
+        # ... and cannot end them: answered as ids nothing has, word for word. Neither can a
+        # token bound to acme and another tenant.
+        for token in (ACME, DUO):
+            assert _api(node, "DELETE", f"/api/v1/admin/suspend/{theirs}", token=token) == _no_such("suspend", theirs)
+            assert _api(node, "DELETE", "/api/v1/admin/suspend/0123456789ab", token=token) == _no_such(
+                "suspend", "0123456789ab"
+            )
+            cancel = f"/api/v1/admin/bounce/{bounce['rule']['id']}"
+            assert _api(node, "DELETE", cancel, token=token) == _no_such("bounce", bounce["rule"]["id"])
+        assert [r["id"] for r in _api(node, "GET", "/api/v1/admin/suspend", token=OPS)[1]["rules"]] == [theirs]
+        assert [r["id"] for r in _api(node, "GET", "/api/v1/admin/bounce", token=OPS)[1]["rules"]] == [
+            bounce["rule"]["id"]
+        ]
+
+        # The same suspension asked for by acme is its own, not the operator's answered back:
+        # resuming it leaves the operator's holding the mail, and says so without naming it.
+        status, own = _api(node, "POST", "/api/v1/admin/suspend", {"tenant": "acme", "reason": "mine"})
+        assert status == 200, own
+        assert own["already"] is False
+        assert own["rule"]["id"] != theirs
+        assert (own["rule"]["selector"], own["rule"]["bound_to"]) == ({"tenant": "acme"}, ["acme"])
+        status, resumed = _api(node, "DELETE", f"/api/v1/admin/suspend/{own['rule']['id']}")
+        assert (status, resumed["cancelled"], resumed["made_due"], resumed["suspended"]) == (200, True, 0, 2), resumed
+        assert theirs not in json.dumps(resumed)
+        assert {_suspended_by(node, spool_id) for spool_id in acme} == {theirs}
+
+        # A rule of a token bound to acme alone is within reach of one bound to acme and more.
+        status, own = _api(node, "POST", "/api/v1/admin/suspend", {"domain": "yy.test"})
+        assert status == 200, own
+        status, resumed = _api(node, "DELETE", f"/api/v1/admin/suspend/{own['rule']['id']}", token=DUO)
+        assert (status, resumed["cancelled"]) == (200, True), resumed
+
+        # The operator ends its own as before.
+        status, resumed = _api(node, "DELETE", f"/api/v1/admin/suspend/{theirs}", token=OPS)
+        assert (status, resumed["cancelled"], resumed["made_due"]) == (200, True, 2), resumed
+        assert "suspended" not in resumed
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_id_a_bound_token_gives_tells_it_nothing_of_another_tenants_rules(
+    tmp_path: Path, sink: ScriptedSink, workers: int
+) -> None:
+    # A suspension's id is computed from its selector: acme gave globex's as the id of a rule of
+    # its own, and a 409 said that globex was suspended.
+    with _node(tmp_path / "node", sink, node={"workers": workers}) as node:
+        theirs = []
+        for token in (OPS, GLOBEX):
+            status, held = _api(node, "POST", "/api/v1/admin/suspend", {"tenant": "globex", "domain": "*"}, token)
+            assert status == 200, held
+            theirs.append(held["rule"]["id"])
+        assert theirs[0] == standing_rule_id("suspend", Selector(domain="*", tenant="globex"))
+        status, made = _api(node, "POST", "/api/v1/admin/bounce", {"tenant": "globex", "duration": "1h"}, OPS)
+        theirs.append(made["rule"]["id"])
+
+        for probe in (*theirs, "nothing-has-it"):
+            status, retried = _api(node, "POST", "/api/v1/admin/retry", {"domain": "*", "id": probe})
+            assert status == 200, retried
+            assert retried["operation"] not in theirs
+            request = {"domain": "*", "duration": "1m", "id": probe}
+            status, own = _api(node, "POST", "/api/v1/admin/suspend", request)
+            assert (status, own["already"]) == (200, False), own
+            assert own["rule"]["id"] not in theirs
+            # Sent again: the same rule (the id a key for sending it again safely, as before).
+            status, again = _api(node, "POST", "/api/v1/admin/suspend", request)
+            assert (status, again["already"], again["rule"]["id"]) == (200, True, own["rule"]["id"]), again
+        listed = [rule["id"] for rule in _api(node, "GET", "/api/v1/admin/suspend", token=OPS)[1]["rules"]]
+        assert set(theirs[:2]) <= set(listed) and len(listed) == 6
+
+        # The operator's ids are as they were: an id it gives is the rule's, and another's is 409.
+        status, made = _api(node, "POST", "/api/v1/admin/suspend", {"domain": "x.test", "id": theirs[2]}, OPS)
+        assert (status, made["rule"]["id"]) == (200, standing_rule_id("suspend", Selector(domain="x.test"))), made
+        request = {"domain": "x.test", "duration": "1m", "id": theirs[0]}
+        status, refused = _api(node, "POST", "/api/v1/admin/suspend", request, OPS)
+        assert (status, refused["field"], refused["rule"]["id"]) == (409, "$.id", theirs[0]), refused
+        status, made = _api(node, "POST", "/api/v1/admin/suspend", {**request, "id": "ops-own"}, OPS)
+        assert (status, made["rule"]["id"]) == (200, "ops-own"), made
+
+
+def test_which_tokens_reach_a_rule_is_kept_across_a_restart(tmp_path: Path, sink: ScriptedSink) -> None:
+    node = _node(tmp_path / "node", sink)
+    with node:
+        status, own = _api(node, "POST", "/api/v1/admin/suspend", {"domain": "zz.test"})
+        assert status == 200, own
+        status, held = _api(node, "POST", "/api/v1/admin/suspend", {"tenant": "acme", "domain": "yy.test"}, OPS)
+        assert status == 200, held
+    with node:
+        assert _api(node, "DELETE", f"/api/v1/admin/suspend/{held['rule']['id']}") == _no_such(
+            "suspend", held["rule"]["id"]
+        )
+        status, resumed = _api(node, "DELETE", f"/api/v1/admin/suspend/{own['rule']['id']}")
+        assert (status, resumed["cancelled"]) == (200, True), resumed
+
+
 @pytest.fixture
 def cluster(tmp_path: Path, sink: ScriptedSink, redis_server: RedisServer) -> Iterator[tuple[PigeonProcess, ...]]:
     with ExitStack() as stack:
@@ -351,6 +490,15 @@ def test_a_token_bound_to_a_tenant_reaches_that_tenants_mail_alone_on_every_node
         assert not _bounced(node) & set(ids)
         assert set(ids) <= {row["id"] for row in node.spool_messages()}
     assert not [record for node in cluster for record in node.records("Rebind")]
+    # The operator's suspension of acme's mail, made on b, is out of acme's reach on every node;
+    # acme's own, made on a, is its own on b too (which of them it reaches goes with the rule).
+    status, operators = _api(b, "POST", "/api/v1/admin/suspend", {"tenant": "acme", "domain": "yy.test"}, OPS)
+    assert status == 200, operators
+    for asked in cluster:
+        rule_id = operators["rule"]["id"]
+        assert _api(asked, "DELETE", f"/api/v1/admin/suspend/{rule_id}") == _no_such("suspend", rule_id)
+    status, resumed = _api(b, "DELETE", f"/api/v1/admin/suspend/{own['rule']['id']}")
+    assert (status, resumed["cancelled"]) == (200, True), resumed
 
 
 def _nowhere(spool_id: str) -> str:

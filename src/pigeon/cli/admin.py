@@ -316,6 +316,9 @@ def _resume(args: argparse.Namespace) -> int:
     text = "resumed: {made_due:count message} due now"
     if _said_by_workers(status, answer).get("bounced"):
         text += "; {bounced:count message} bounced instead (a standing bounce covers them: `pigeon bounce --list`)"
+    if _said_by_workers(status, answer).get("suspended"):
+        # (Another suspension holds them: to a token bound to tenants, perhaps the operator's.)
+        text += "; {suspended:count message} left held by another suspension (`pigeon suspend --list`)"
     return _show(args, status, answer, text)
 
 

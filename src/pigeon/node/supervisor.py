@@ -1113,7 +1113,7 @@ class Supervisor:
             status, answer = refusal_answer(refusal)
             return web.json_response(answer, status=status)
         if request.method == "POST" and body:
-            body = with_id(body, caller(request))
+            body = with_id(body, caller(request), tenants)
             if self._node_rules is not None:
                 # One id, one rule: another rule's id is refused before any worker or node is told,
                 # and so is an operation that makes no rule under a rule's id.

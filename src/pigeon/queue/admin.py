@@ -233,12 +233,14 @@ class Admin:
         accepted_before: float | None = None,
         issued: float | None = None,
         messages: Sequence[SpoolId] | None = None,
+        bound_to: list[str] | None = None,
     ) -> dict[str, Any]:
         """Bounce every matching message now; with a duration, also new ones until it ends.
         `accepted_before`: only those accepted before then (`time.time()`), for a bounce
         another node was asked for seconds ago: what this node accepted since was not queued
         when the operator asked, and its sender was told it is. `issued`: when the request was
-        issued, the rule's `created` (`_new_rule`).
+        issued, the rule's `created` (`_new_rule`). `bound_to`: the tenants of the token that
+        asked (`Rule.bound_to`; None: unbound), kept with the rule.
 
         `messages`: only these (`postsuper -d`), those `selector` matches too, and no rule
         (the request refuses a duration with them). The answer then says of each what became
@@ -247,7 +249,7 @@ class Admin:
         rule = already = None
         if duration:
             async with self._rules_changing:  # (one id, one rule: looked up and stored at once)
-                asked = self._new_rule("bounce", selector, reason, operator, duration, rule_id, via, issued)
+                asked = self._new_rule("bounce", selector, reason, operator, duration, rule_id, via, issued, bound_to)
                 already = self._held_as(asked, operator)
                 rule = already or await self._add_rule(asked)
         mark = AdminMark(reason, operator)
@@ -333,14 +335,16 @@ class Admin:
         rule_id: str | None,
         via: str = "",
         issued: float | None = None,
+        bound_to: list[str] | None = None,
     ) -> dict[str, Any]:
         """Hold matching mail in the spool (untried) until resumed or `duration` is over. The
-        same suspension asked for again (same selector, until resumed) is the one in force:
-        answered with it (`already`), not a second rule that would need its own resume.
-        `issued`: when the request was issued, the rule's `created` (`_new_rule`)."""
+        same suspension asked for again (same selector, until resumed, by a token of the same
+        binding) is the one in force: answered with it (`already`), not a second rule that would
+        need its own resume. `issued`: when the request was issued, the rule's `created`
+        (`_new_rule`). `bound_to`: the tenants of the token that asked (`Rule.bound_to`)."""
         async with self._rules_changing:
-            already = self._rules.standing("suspend", selector) if duration is None else None
-            asked = self._new_rule("suspend", selector, reason, operator, duration, rule_id, via, issued)
+            already = self._rules.standing("suspend", selector, bound_to) if duration is None else None
+            asked = self._new_rule("suspend", selector, reason, operator, duration, rule_id, via, issued, bound_to)
             already = already or self._held_as(asked, operator)
             rule = already or await self._add_rule(asked)
         if already is not None:
@@ -535,7 +539,12 @@ class Admin:
             # node holds alike (so their rows for one resume still add up to one).
             released = await self.retry(rule.selector, rule_id, release=False, kind="resume", of_rule=rule.created)
             # What a standing bounce covers goes out as a bounce, not an attempt: said apart.
-            return {"cancelled": True, "made_due": released["made_due"], "bounced": released["bounced"]}
+            answer = {"cancelled": True, "made_due": released["made_due"], "bounced": released["bounced"]}
+            if released["suspended"]:
+                # Held still by another suspension (the operator's, to a token bound to tenants,
+                # which it cannot resume): said, so that no one waits for it to go, but not named.
+                answer["suspended"] = released["suspended"]
+            return answer
         return {"cancelled": True, "made_due": made_due}
 
     async def rebind(
@@ -1087,6 +1096,7 @@ class Admin:
         rule_id: str | None,
         via: str,
         issued: float | None,
+        bound_to: list[str] | None = None,
     ) -> Rule:
         """The rule a request makes, `created` when it was `issued` (None: now) and ending
         `duration` after. Stamped once where the request was issued (a node's supervisor, its
@@ -1104,6 +1114,7 @@ class Admin:
             reason=reason,
             operator=operator,
             via=via,
+            bound_to=bound_to,
         )
 
     def _held_as(self, asked: Rule, operator: str) -> Rule | None:

@@ -147,6 +147,11 @@ class Rule(msgspec.Struct, omit_defaults=True):
     via: str = ""
     """What the request came through: "cli" (the `pigeon` command) or "api" ("": made before
     this was kept)."""
+    bound_to: list[str] | None = None
+    """The tenants of the token that made it (`[[http.token]] tenants`), sorted; None: a token
+    bound to none, the operator's (and every rule made before this was kept). A token bound to
+    tenants reaches (cancels, resumes) only the rules of tokens bound to none but its tenants
+    (`pigeon.listener.http.tenancy.reaches`): not the operator's suspension of its mail."""
 
     def live(self, now: float) -> bool:
         return self.expires is None or now < self.expires
@@ -169,13 +174,32 @@ def new_rule_id() -> str:
     return secrets.token_hex(6)
 
 
-def standing_rule_id(kind: str, selector: Selector) -> str:
+def standing_rule_id(kind: str, selector: Selector, bound_to: list[str] | None = None) -> str:
     """The id of the rule of `kind` for exactly `selector` that lasts until cancelled: named by
     what it covers, not by the request that made it. Identical requests issued at once reach
     the workers and nodes in different orders; each makes (or finds) the rule under this one
-    id, so every copy is the same rule, and one cancel ends it everywhere."""
+    id, so every copy is the same rule, and one cancel ends it everywhere. Made by a token
+    bound to tenants (`bound_to`), it is named in that binding's own ids (`bound_rule_id`):
+    the operator's suspension of the same selector is another rule, out of the token's reach."""
     canonical = kind.encode() + b"\0" + msgspec.json.encode(selector)
+    if bound_to is not None:
+        return bound_rule_id(bound_to, hashlib.sha256(canonical).hexdigest()[:12])
     return hashlib.sha256(canonical).hexdigest()[:12]
+
+
+BOUND_ID_LENGTH: Final = 24
+"""Hex digits of the id of a rule or operation a token bound to tenants asks for (`bound_rule_id`):
+not the 12 of every id Pigeon makes otherwise, so it never names one of those."""
+
+
+def bound_rule_id(bound_to: list[str], given: str) -> str:
+    """The id a token bound to the tenants `bound_to` gets for a rule or operation it names
+    `given` (or that is made for it): one of that binding's own ids, the same for the same
+    `given`, so a request sent again is that rule again. Another binding's ids, the operator's
+    and every id Pigeon makes are none of them (96 bits: one cannot be searched for), so
+    giving an id can never find, and so tell of, a rule the token cannot see."""
+    canonical = b"bound\0" + msgspec.json.encode(sorted(bound_to)) + b"\0" + given.encode()
+    return hashlib.sha256(canonical).hexdigest()[:BOUND_ID_LENGTH]
 
 
 SAME_DURATION: Final = 1.0
@@ -189,7 +213,7 @@ def same_rule(held: Rule, asked: Rule) -> bool:
     ending at the same moment (a rule sent on by a node of an earlier Pigeon that was cut off
     from Redis when it was made says what was left of it). A client's id is a key for asking
     again safely, not a name to take from another rule."""
-    if held.kind != asked.kind or held.selector != asked.selector:
+    if held.kind != asked.kind or held.selector != asked.selector or held.bound_to != asked.bound_to:
         return False
     if held.expires is None or asked.expires is None:
         return held.expires is None and asked.expires is None
@@ -318,12 +342,20 @@ class Rules:
         now = self._clock()
         return any(r.kind == "suspend" and r.live(now) and r.selector.matches_site(site) for r in self._rules.values())
 
-    def standing(self, kind: str, selector: Selector) -> Rule | None:
-        """A live rule of `kind` for exactly `selector` that lasts until cancelled, if any: asking
-        for it again is asking for what is already so."""
+    def standing(self, kind: str, selector: Selector, bound_to: list[str] | None = None) -> Rule | None:
+        """A live rule of `kind` for exactly `selector` that lasts until cancelled, made by a token
+        of the binding `bound_to` (None: unbound), if any: asking for it again is asking for what
+        is already so. Another binding's (the operator's, to a bound token) is not the one asked
+        for: it is out of the asker's reach, and answering with it would hand it the rule."""
         now = self._clock()
         for rule in self._rules.values():
-            if rule.kind == kind and rule.selector == selector and rule.expires is None and rule.live(now):
+            if (
+                rule.kind == kind
+                and rule.selector == selector
+                and rule.bound_to == bound_to
+                and rule.expires is None
+                and rule.live(now)
+            ):
                 return rule
         return None
 

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import pytest
 from aiohttp import web
 
-from pigeon.listener.http.tenancy import confine_selector
+from pigeon.listener.http.tenancy import confine_selector, reaches
+from pigeon.queue.rules import Rule, Selector, decode_rule
 
 
 def refusal(request: dict[str, Any], action: str, tenants: list[str]) -> dict[str, str]:
@@ -82,3 +84,20 @@ def test_a_rebind_within_its_tenants_queues_is_allowed() -> None:
     for to_queue in ("news:acme@example.net", "acme@example.net", "acme@Bücher.example.", "c:beta@[IPv6:0::1]"):
         request = {"tenant": "acme", "to_queue": to_queue}
         confine_selector(request, "rebind", "acme-admin", ["acme", "beta"])
+
+
+def test_a_rule_stored_before_bindings_were_kept_is_the_operators_out_of_a_bound_tokens_reach() -> None:
+    # As an earlier Pigeon stored it (spool, Redis): no `bound_to`. It loads, as the operator's.
+    stored = {"id": "d28dd3ce3c52", "kind": "suspend", "selector": {"tenant": "acme"}, "created": 1.0}
+    for blob, decoded in (
+        (msgspec.msgpack.encode(stored), decode_rule),
+        (msgspec.json.encode(stored), msgspec.json.Decoder(Rule).decode),
+    ):
+        rule = decoded(blob)
+        assert rule.bound_to is None
+        assert not reaches(["acme"], rule)
+        assert not reaches(["acme"], msgspec.to_builtins(rule))
+    made = Rule("x", "suspend", Selector(tenant="acme"), 1.0, bound_to=["acme"])
+    assert reaches(["acme"], made) and reaches(["acme", "beta"], made)
+    assert not reaches(["beta"], made)
+    assert not reaches(["acme"], msgspec.structs.replace(made, bound_to=["acme", "beta"]))

@@ -80,7 +80,15 @@ from pigeon.message import SpoolId, parse_id
 from pigeon.node.standing import GENERATION_HEADER
 from pigeon.queue.admin import Admin, new_rule_id
 from pigeon.queue.names import queue_name, queue_name_problem, queue_part_problem
-from pigeon.queue.rules import Rule, RuleIdTaken, Selector, refuse_operation_id, standing_rule_id, taken_by
+from pigeon.queue.rules import (
+    Rule,
+    RuleIdTaken,
+    Selector,
+    bound_rule_id,
+    refuse_operation_id,
+    standing_rule_id,
+    taken_by,
+)
 
 _log = logging.getLogger(__name__)
 MAX_REASON: Final = 1000
@@ -134,6 +142,10 @@ class Selecting(msgspec.Struct, forbid_unknown_fields=True):
     """What the request came through, kept with a rule it makes: set where it is issued ("cli":
     a client whose User-Agent names it the `pigeon` command; "api": anything else), whatever a
     client sent. A hint for the audit trail, not an identity: the token's name is that."""
+    bound_to: list[str] | None = None
+    """The tenants of the token that asked (`[[http.token]] tenants`), sorted; None: unbound.
+    Set where the request is issued, whatever a client sent (`with_id`), and kept with a rule
+    it makes (`Rule.bound_to`): the other workers and nodes know the request by its body alone."""
 
     def selector(self) -> Selector:
         site = self.site if isinstance(self, SuspendRequest) else None
@@ -250,16 +262,26 @@ def caller(request: web.Request) -> Literal["cli", "api"]:
     return "cli" if request.headers.get("User-Agent", "").startswith(CLI_AGENT) else "api"
 
 
-def with_id(body: bytes, via: Literal["cli", "api"] | None = None) -> bytes:
+def with_id(body: bytes, via: Literal["cli", "api"] | None = None, bound: frozenset[str] | None = None) -> bytes:
     """A write's body with an `id`: a new standing rule (or bulk operation) gets its id once, where
     it is issued, so every worker and every node stores it under the same. With `via` (where it
-    is issued), that too, replacing any a client sent."""
+    is issued), that too, replacing any a client sent, and `bound_to`: `bound`, the tenants of
+    the token that asked (None: unbound, and no `bound_to`).
+
+    A bound token's id, given or made, is one of its binding's own (`bound_rule_id`): an id it
+    gives then never names a rule of the operator or of another binding, so a 409 (or an
+    `already`) can never tell it that another tenant's rule exists (ids of standing suspensions
+    are computed from what they hold: anyone can compute another's)."""
     with contextlib.suppress(ValueError):  # a member named twice too: left for `validate` to refuse
         decoded = json.loads(body, object_pairs_hook=unique_members)
         if isinstance(decoded, dict) and ("id" not in decoded or via is not None):
             decoded.setdefault("id", new_rule_id())
             if via is not None:
                 decoded["via"] = via  # (whatever a client sent: it is not the client's to say)
+                decoded.pop("bound_to", None)  # (nor this)
+                if bound is not None and isinstance(decoded["id"], str):
+                    decoded["bound_to"] = sorted(bound)
+                    decoded["id"] = bound_rule_id(decoded["bound_to"], decoded["id"])
             return json.dumps(decoded).encode()
     return body
 
@@ -366,7 +388,7 @@ async def perform(
         if action == "suspend" and duration is None:
             # Named by what it holds, not by the request: identical ones issued at once reach
             # workers and nodes in different orders, and must still make one rule everywhere.
-            new_rule = standing_rule_id("suspend", request.selector())
+            new_rule = standing_rule_id("suspend", request.selector(), request.bound_to)
         options: dict[str, Any] = {"issued": issued if issued is not None else stamped}
         if action == "bounce" and duration is None and issued is not None:
             options["accepted_before"] = issued
@@ -381,6 +403,7 @@ async def perform(
                 via=request.via or "api",
                 duration=duration,
                 rule_id=new_rule,
+                bound_to=request.bound_to,
                 **options,
             )
         except RuleIdTaken as taken:
@@ -407,14 +430,16 @@ def confine(
     """A write (checked already: `validate`) as a token bound to `tenants` may make it
     (`tenancy`): its selector confined to them, the body as it is for an unbound token. A
     resume or cancel of a rule `rule_of` (the rules where it is issued) says is not theirs is
-    answered as one of a rule there is none of (404); a selector they cannot confine, 403."""
+    answered as one of a rule there is none of (404), and so is one out of their reach though its
+    selector is theirs (`tenancy.reaches`: the operator's suspension of their mail); a selector
+    they cannot confine, 403."""
     if tenants is None:
         return body
     action, rule_id = _route(method, path)
     if action in ("cancel-bounce", "cancel-suspend"):
         kind = action.removeprefix("cancel-")
         rule = rule_of(rule_id)
-        if rule is None or rule.kind != kind or not tenancy.owns_rule(tenants, rule.selector):
+        if rule is None or rule.kind != kind or not tenancy.reaches(tenants, rule):
             raise web.HTTPNotFound(text=json.dumps(no_rule(kind, rule_id)[1]), content_type="application/json")
         return body
     if action not in _WRITES:
@@ -510,7 +535,7 @@ def rule_change(method: str, path: str, body: bytes, operator: str, now: float) 
         return None  # acts on what is queued now, and is over
     new_rule = request.id
     if action == "suspend" and duration is None:
-        new_rule = standing_rule_id("suspend", request.selector())  # as `perform` names it
+        new_rule = standing_rule_id("suspend", request.selector(), request.bound_to)  # as `perform` names it
     if new_rule is None:
         return None
     rule = Rule(
@@ -522,6 +547,7 @@ def rule_change(method: str, path: str, body: bytes, operator: str, now: float) 
         reason=request.reason,
         operator=operator,
         via=request.via or "api",
+        bound_to=request.bound_to,
     )
     return RuleChange(new_rule, rule.kind, rule)
 
@@ -697,8 +723,9 @@ def _refusal(error: msgspec.ValidationError, action: str) -> web.HTTPBadRequest:
     message = str(error)
     if (unknown := _UNKNOWN_FIELD.match(message)) is not None:
         name = unknown.group(1)
-        # (`via` is set where a request is issued: not a member for a client to send)
-        known = ", ".join(f.name for f in msgspec.structs.fields(_REQUESTS[action]) if f.name != "via")
+        # (`via` and `bound_to` are set where a request is issued: not members for a client to send)
+        set_here = ("via", "bound_to")
+        known = ", ".join(f.name for f in msgspec.structs.fields(_REQUESTS[action]) if f.name not in set_here)
         return bad_request(f"unknown member {name[:40]!r}: {action} takes {known}", f"$.{name[:40]}")
     if (too_long := _TOO_LONG.match(message)) is not None:
         limit, name = too_long.groups()
@@ -746,7 +773,8 @@ async def write(request: web.Request) -> web.Response:
     # (Confined by the supervisor too, if it passed it on: the same body again, kept as it is.)
     body = confine(request.method, path, body, operator, tenants, admin.rule)
     if request.method == "POST":
-        body = with_id(body, None if supervised else caller(request))  # say what it came through
+        # Say what it came through, and who asked (the ids of a bound token's own: `with_id`).
+        body = with_id(body, None if supervised else caller(request), tenants)
     if request.method == "POST" and not supervised:
         # Asked here (one worker, no supervisor): a taken id is refused before the cluster is told.
         assert issued is not None

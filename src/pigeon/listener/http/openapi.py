@@ -134,7 +134,10 @@ def document() -> dict[str, Any]:
             "A token bound to tenants ([[http.token]] tenants) reaches their mail alone: its injections may name no "
             "other tenant; an admin selector without a tenant is its one tenant's (403 when it has several); "
             "another tenant, a site or another tenant's queue in a write is 403; another tenant's message or "
-            "rule is 404, as one that does not exist; reads list its tenants' scheduled queues, rules and "
+            "rule is 404, as one that does not exist, and so is a rule of its tenant it may not end (one made by "
+            "a token bound to no tenant, or to another tenant too: Rule.bound_to); the ids its rules and "
+            "operations get are its binding's own (24 hex digits derived from the id it gives), so an id it "
+            "gives never names another's rule; reads list its tenants' scheduled queues, rules and "
             "operations only, and no ready queue; the shaping effects are 403. "
             "Every error is an ErrorResponse ({error, field}, field null when no one part of the request is at "
             "fault), whoever answers it: a method a path does not take gets 405 with Allow (before any token is "
@@ -377,6 +380,14 @@ def _tighten_admin_requests(components: dict[str, Any]) -> None:
     for name in ("AdminRequest", "BounceRequest", "SuspendRequest", "RebindRequest", "HoldRequest"):
         properties = components[name]["properties"]
         properties["id"]["anyOf"][0].update(pattern=_RULE_ID_PATTERN)
+        properties["id"]["description"] = (
+            "The rule's or bulk operation's id, a key for sending the request again safely; left out, one is "
+            "made. From a token bound to tenants, the rule or operation gets one of its binding's own instead, "
+            "24 hex digits derived from it (the answer's rule.id or operation): no one else's rule has it"
+        )
+        properties["bound_to"]["description"] = (
+            "Set by the node that takes the request (the tenants of its token): whatever a client sends is replaced"
+        )
         if "duration" in properties:
             number = {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_DURATION}
             text = {"type": "string", "pattern": f"^{RULE_DURATION.pattern}$"}
@@ -387,6 +398,11 @@ def _tighten_admin_requests(components: dict[str, Any]) -> None:
                 "as a string (30m, 2h, 7d). "
                 "Left out: a suspension lasts until resumed, a bounce acts on what is queued now only.",
             }
+    components["Rule"]["properties"]["bound_to"]["description"] = (
+        "Who made it: the tenants of the token that asked ([[http.token]] tenants); absent or null: a token "
+        "bound to no tenant, the operator's. A token bound to tenants ends only the rules of tokens bound to "
+        "none but its tenants: another rule of its tenant it sees, but a DELETE of it is 404"
+    )
     for name in ("AdminRequest", "BounceRequest"):  # a bounce's or retry's messages, by id
         ids = {"type": "array", "items": _SPOOL_ID, "minItems": 1, "maxItems": MAX_MESSAGES}
         components[name]["properties"]["messages"] = {
@@ -525,22 +541,25 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
     )
     id_taken = _response(
         "The id names another live rule (another kind, selector or duration): nothing was done; `rule` is that "
-        "rule (absent when it is another tenant's, to a token bound to tenants). A client's id only lets a "
+        "rule (absent when it is not one a token bound to tenants may end; such a token's ids are its binding's "
+        "own, and meet no one else's). A client's id only lets a "
         "request be sent again safely: the same kind, selector and duration under the same id is the same "
         "rule (200, already: true)",
         {"allOf": [_ref("ErrorResponse"), _object({"rule": _ref("Rule")})]},
     )
     id_not_free = _response(
         "The id names a live rule (a standing bounce or a suspension): nothing was done; `rule` is that rule "
-        "(absent when it is another tenant's, to a token bound to tenants). An id names one thing: leave it "
+        "(absent when it is not one a token bound to tenants may end). An id names one thing: leave it "
         "out, or give one of your own that no rule has",
         {"allOf": [_ref("ErrorResponse"), _object({"rule": _ref("Rule")})]},
     )
     cancelled = _object(
-        {"cancelled": {"type": "boolean"}, "made_due": count, "bounced": count},
+        {"cancelled": {"type": "boolean"}, "made_due": count, "bounced": count, "suspended": count},
         "cancelled",
         doc="made_due: released; bounced (a resume): of what it held, the messages a live standing bounce covers, "
-        "bounced as they come due instead",
+        "bounced as they come due instead; suspended (a resume, when there are any): of what it held, the "
+        "messages another suspension still holds (not named: to a token bound to tenants, perhaps the "
+        "operator's, which it cannot end)",
     )
     rebound = _object(
         {"rebound": count, "after_attempt": count, "inbound_left": count, "operation": operation_id},
@@ -730,8 +749,9 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
             responses["501"] = _response(_TRANSFER_CODING, _ref("ErrorResponse"))
         if "parameters" in extra:
             responses["404"] = _response(
-                "No such rule, message or effect; or, to a token bound to tenants, another tenant's (answered "
-                "alike, word for word: its id tells nothing)",
+                "No such rule, message or effect; or, to a token bound to tenants, another tenant's, or a rule of "
+                "its tenant made by a token bound to no tenant or to another tenant too (Rule.bound_to), which it "
+                "may not end (answered alike, word for word: its id tells nothing)",
                 _ref("ErrorResponse"),
             )
         elif op_id in ("listBounces", "listSuspensions", "operations", "queues"):

@@ -14,7 +14,11 @@ endpoint such a token reaches:
   tenant's names would take the mail, with its pool and rate);
 - a rule or message of another tenant is answered as absent (404, the same answer as for an
   id nothing has), so that ids cannot be probed: resume, cancel, inspect; of the messages a
-  bounce, retry or hold names by id, `not_found` (not `not_selected`, queued but not selected);
+  bounce, retry or hold names by id, `not_found` (not `not_selected`, queued but not selected).
+  So is a rule of its tenant that a token bound to no tenant (the operator) or to another
+  tenant too made (`reaches`): the ESP's suspension of a customer is not the customer's to lift;
+- the ids its rules and operations get are its binding's own (`admin.with_id`): an id it gives
+  never names another's rule, so neither a 409 nor an `already` tells it of one;
 - reads show its tenants' scheduled queues, rules and bulk operations only; the ready queues
   (the sites, which every tenant's mail shares) not at all;
 - what has no tenant (the shaping effects, of sites) is 403;
@@ -188,6 +192,18 @@ def owns_rule(tenants: Collection[str], selector: Mapping[str, Any] | Any) -> bo
     return site is None and owns(tenants, glob)
 
 
+def reaches(tenants: Collection[str], rule: Mapping[str, Any] | Any) -> bool:
+    """Whether a token bound to `tenants` may end a rule (a `Rule`, or its JSON): one of theirs
+    (`owns_rule`) made by a token bound to none but them (`Rule.bound_to`). One made by an
+    unbound token (or before the binding was kept), or by a token bound to another tenant too,
+    is out of its reach, though it may see it: the operator suspended that mail."""
+    bound_to = rule.get("bound_to") if isinstance(rule, Mapping) else getattr(rule, "bound_to", None)
+    selector = rule.get("selector", {}) if isinstance(rule, Mapping) else getattr(rule, "selector", None)
+    if not isinstance(bound_to, list) or not bound_to or not set(bound_to) <= set(tenants):
+        return False
+    return owns_rule(tenants, selector)
+
+
 def owns_message(tenants: Collection[str], found: Mapping[str, Any]) -> bool:
     """Whether an inspected message (`Admin.inspect`'s answer) is of `tenants`."""
     tenant = queue_tenant(str(found.get("queue", "")), found.get("tenant"))
@@ -202,9 +218,10 @@ def confined_answer(action: str, answer: Any, tenants: Collection[str]) -> Any:
     if isinstance(answer.get("answers"), dict):
         answer["answers"] = confined_answer(action, answer["answers"], tenants)
     if isinstance(answer.get("rule"), dict) and answer.get("field") == "$.id":
-        # A 409: the id asked for is another rule's. Not one of theirs, it is not shown.
+        # A 409: the id asked for is another rule's. Not one of theirs, it is not shown. (A bound
+        # token's ids are its binding's own, `admin.with_id`: only a rule it reaches has one.)
         held = answer["rule"]
-        if not owns_rule(tenants, held.get("selector", {})):
+        if not reaches(tenants, held):
             answer.pop("rule")
             answer["error"] = (
                 f"id {str(held.get('id'))[:64]!r} names a rule already: leave id out (one is made), or give another"
