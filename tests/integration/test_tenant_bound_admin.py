@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -243,3 +244,19 @@ def test_a_token_bound_to_a_tenant_reaches_that_tenants_mail_alone_on_every_node
         ids = globex[node.config["node"]["name"]]
         assert not _bounced(node) & set(ids)
         assert set(ids) <= {row["id"] for row in node.spool_messages()}
+
+
+@pytest.mark.parametrize("via", ["curl", {}])
+def test_a_token_bound_to_a_tenant_cannot_reach_another_node_unconfined_by_a_via_the_schema_does_not_take(
+    cluster: tuple[PigeonProcess, PigeonProcess], via: Any
+) -> None:
+    """The supervisor confines a write after checking it, and passed on one it found invalid for
+    each worker to refuse; `via` made it valid after (replaced with "api"), so the other nodes
+    were told the write unconfined: acme's token bounced globex's mail on node a."""
+    a, b = cluster
+    globex = _inject(a, "globex")
+    status, refused = _api(b, "POST", "/api/v1/admin/bounce", {"domain": "*", "reason": "acme's", "via": via})
+    assert (status, refused.get("field")) == (400, "$.via"), refused
+    time.sleep(2)
+    assert not _bounced(a) & set(globex)
+    assert set(globex) <= {row["id"] for row in a.spool_messages()}

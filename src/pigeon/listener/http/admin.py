@@ -241,6 +241,8 @@ def issued_by_supervisor(request: web.Request) -> float | None:
     return None
 
 
+_VIA_VALUES: Final = ("cli", "api", None)
+"""What a request's `via` may be (`Selecting.via`)."""
 CLI_AGENT: Final = "pigeon-cli/"
 """How the `pigeon` command's requests begin their User-Agent."""
 
@@ -253,9 +255,13 @@ def caller(request: web.Request) -> Literal["cli", "api"]:
 def with_id(body: bytes, via: Literal["cli", "api"] | None = None) -> bytes:
     """A write's body with an `id`: a new standing rule (or bulk operation) gets its id once, where
     it is issued, so every worker and every node stores it under the same. With `via` (where it
-    is issued), that too, replacing any a client sent."""
+    is issued), that too, replacing any a client sent that the schema takes ("cli", "api",
+    null): one it does not take (`{}`, `"x"`) is left for `validate` to refuse, naming `$.via`,
+    as any other mistyped member is."""
     with contextlib.suppress(ValueError):  # a member named twice too: left for `validate` to refuse
         decoded = json.loads(body, object_pairs_hook=unique_members)
+        if isinstance(decoded, dict) and decoded.get("via") not in _VIA_VALUES:
+            return body
         if isinstance(decoded, dict) and ("id" not in decoded or via is not None):
             decoded.setdefault("id", new_rule_id())
             if via is not None:
@@ -700,6 +706,9 @@ def _refusal(error: msgspec.ValidationError, action: str) -> web.HTTPBadRequest:
         # (`via` is set where a request is issued: not a member for a client to send)
         known = ", ".join(f.name for f in msgspec.structs.fields(_REQUESTS[action]) if f.name != "via")
         return bad_request(f"unknown member {name[:40]!r}: {action} takes {known}", f"$.{name[:40]}")
+    if message.endswith("`$.via`"):
+        text = 'via is "cli", "api" or null: what the request came through, set by the node whatever it says'
+        return bad_request(f"{text} (best left out)", "$.via")
     if (too_long := _TOO_LONG.match(message)) is not None:
         limit, name = too_long.groups()
         return bad_request(f"{name} is at most {limit} characters", f"$.{name}")
