@@ -193,6 +193,27 @@ def test_inspect_says_the_state_queue_list_says_of_deferred_held_and_suspended_m
         assert "state          deferred" in pigeon.cli("inspect", deferred).splitlines()
 
 
+def test_a_query_number_is_ascii_digits_and_a_long_id_is_cut_in_its_refusal(tmp_path: Path, sink: ScriptedSink) -> None:
+    """Found from outside: `limit=١٠` (Arabic-Indic digits) was taken as 10, and a 5000-character
+    id was echoed whole in its 400, where other refusals cut what they quote."""
+    with _node(tmp_path / "node", sink) as pigeon:
+        for limit in ("%D9%A1%D9%A0", "%EF%BC%91", "1" * 5000, "%2B5", "%205"):
+            status, answer = _list(pigeon, f"?limit={limit}")
+            assert (status, answer["field"]) == (400, "limit"), (limit, answer)
+            assert len(answer["error"]) < 100, answer
+        assert _list(pigeon, "?limit=10")[0] == 200
+        long_id = "x" * 5000
+        for path in (f"/api/v1/messages/{long_id}", f"/api/v1/messages?after={long_id}"):
+            status, answer = pigeon.http_call("GET", path, None, READER)
+            assert status == 400 and f"'{'x' * 40}'... must be 16 hex digits" in answer["error"], answer
+            assert len(answer["error"]) < 120, answer
+        hold = {"messages": [long_id], "reason": "x"}
+        status, answer = pigeon.http_call("POST", "/api/v1/admin/hold", hold, ADMIN)
+        assert (status, answer["field"]) == (400, "$.messages[0]") and len(answer["error"]) < 120, answer
+        shown = _cli(pigeon, "--limit", "\u0661\u0660")
+        assert shown.returncode == 2 and "is not a whole number" in shown.stderr, shown.stderr
+
+
 def test_queue_list_merges_both_workers_messages_in_order(tmp_path: Path, sink: ScriptedSink) -> None:
     with _node(tmp_path / "node", sink, workers=2) as pigeon:
         ids: list[str] = []
