@@ -324,7 +324,7 @@ class Intake:
         values = self._tenant_and_campaign(head, lowered, section, arrival)
         checks = (queue_part_problem, campaign_problem)
         for value, header, check in zip(values, self._routing_headers, checks, strict=True):
-            if value is not None and (problem := check(value)) is not None:
+            if value is not None and (problem := _not_utf8(value) or check(value)) is not None:
                 return header, replies.r(554, "5.6.0", f"{header} header {problem} (it names a queue)")
         return None
 
@@ -1094,7 +1094,19 @@ def _header_value(head: bytes, start: int) -> str | None:
     # (`queue_part_problem`).
     raw = head[start : end if end >= 0 else len(head)].replace(b"\r\n", b"").replace(b"\t", b" ").strip(b" ")
     # A queue name part must not carry white space nor the separators of the queue name itself.
-    return queue_part_from_header(raw.decode("utf-8", "replace")) or None
+    # Bytes that are not UTF-8 are kept as they are (surrogate escapes), for `_not_utf8` to
+    # refuse: read as U+FFFD, "glob\xe9x" and "glob\xe8x" were one tenant, "glob\ufffdx".
+    return queue_part_from_header(raw.decode("utf-8", "surrogateescape")) or None
+
+
+def _not_utf8(value: str) -> str | None:
+    """Why a routing header's value (`_header_value`) names no queue for bytes in it that are
+    not UTF-8 (a name is text: a byte that is none would name a queue no selector, log reader
+    or JSON client reads back as it was sent); None when it is text."""
+    if value.isascii():
+        return None
+    byte = next((ord(char) - 0xDC00 for char in value if "\udc80" <= char <= "\udcff"), None)
+    return None if byte is None else f"holds byte 0x{byte:02X}, which is not UTF-8: a name is text, in UTF-8"
 
 
 def _shown_value(value: str) -> str:

@@ -33,6 +33,7 @@ _SHARD_BITS: Final = 6
 _TIME_SHIFT: Final = 22
 _SEQUENCE_BITS: Final = _TIME_SHIFT - _SHARD_BITS
 _ID_TEXT: Final = re.compile(r"[0-9a-fA-F]{16}")
+_SHOWN: Final = 40  # characters of a malformed id a refusal shows
 
 
 def format_id(spool_id: int) -> str:
@@ -42,7 +43,8 @@ def format_id(spool_id: int) -> str:
 def parse_id(text: str) -> SpoolId:
     """Parse a printed id; raises ValueError with the reason."""
     if not _ID_TEXT.fullmatch(text):
-        raise ValueError(f"spool id {text!r} must be 16 hex digits")
+        # Cut as every refusal cuts what it was given: a page of text is echoed as its start.
+        raise ValueError(f"spool id {text[:_SHOWN]!r}{'...' if len(text) > _SHOWN else ''} must be 16 hex digits")
     value = int(text, 16)
     if value >= 1 << 63:  # ids are 63-bit (they are SQLite rowids)
         raise ValueError(f"spool id {text!r} is out of range: Pigeon ids start with 0-7")

@@ -119,7 +119,9 @@ def test_suspend_holds_mail_untried_until_resumed(tmp_path: Path, sink: Scripted
         (held,) = pigeon.spool_messages()
         status, seen = _api(pigeon, "GET", f"/api/v1/messages/{held['id']}", token=READER)
         assert status == 200
-        assert (seen["queue"], seen["attempts"], seen["state"]) == ("spring:@example.net", 0, "scheduled")
+        # Its state as `pigeon queue list` says it (it said "scheduled" of any message not in memory).
+        assert (seen["queue"], seen["attempts"], seen["state"]) == ("spring:@example.net", 0, "suspended")
+        assert seen["suspended_by"] == rule_id
         assert not pigeon.records("TransientFailure")  # held, not tried
         status, answer = _api(pigeon, "DELETE", f"/api/v1/admin/suspend/{rule_id}")
         assert (status, answer["cancelled"], answer["made_due"]) == (200, True, 1)
@@ -489,7 +491,10 @@ def test_inspect_of_a_message_held_by_a_site_suspension_names_that_suspension(
         assert status == 200, answer
         rule_id = answer["rule"]["id"]
         (spool_id,) = _send(pigeon, ["ok@example.net"])
-        wait_until(lambda: _api(pigeon, "GET", f"/api/v1/messages/{spool_id}", token=READER)[1]["state"] == "ready")
+        # In the site's ready queue, held there: "suspended", as `pigeon queue list` says it.
+        ready = {"state": "suspended", "in_memory": True}
+        path = f"/api/v1/messages/{spool_id}"
+        wait_until(lambda: _api(pigeon, "GET", path, token=READER)[1].items() >= ready.items())
         config = ("-c", str(pigeon.config_path), "--token", READER)
         shown = _cli("inspect", *config, spool_id)
         assert shown.returncode == 0, shown.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
@@ -166,6 +167,36 @@ def test_a_tenant_over_255_characters_is_refused_at_every_door(node: PigeonProce
     assert (status, answer["field"]) == (400, "$.tenant"), answer
     assert node.http_post("/api/v1/inject", _request("ann@example.net", tenant="t" * 255), TOKEN)[0] == 200
     assert len(node.spool_messages()) == before + 1
+
+
+@pytest.mark.parametrize("header", ["X-Tenant", "X-Campaign"])
+def test_a_routing_header_with_bytes_that_are_not_utf8_is_refused_at_every_door(
+    node: PigeonProcess, header: str
+) -> None:
+    """Found from outside: `X-Tenant: glob\\xe9x` named the tenant `glob\\ufffdx`, read with the
+    replacement character, so distinct byte strings (\\xe9, \\xe8) were one tenant."""
+    before = len(node.spool_messages())
+    text = f"5.6.0 {header} header holds byte 0xE9, which is not UTF-8: a name is text, in UTF-8 (it names a queue)"
+    message = b"From: a@example.org\r\n" + header.encode() + b": glob\xe9x\r\nSubject: hi\r\n\r\nhello\r\n"
+    with RawSmtp(node.smtp_port) as smtp:
+        smtp.expect(220)
+        smtp.expect(250, "EHLO client.test")
+        for verb in ("DATA", "BDAT"):
+            smtp.expect(250, "MAIL FROM:<app@example.org> BODY=8BITMIME")
+            smtp.expect(250, "RCPT TO:<ann@example.net>")
+            if verb == "DATA":
+                smtp.expect(354, "DATA")
+                assert smtp.command(message + b".") == (554, [text]), verb
+            else:
+                assert smtp.command(b"BDAT %d LAST\r\n" % len(message) + message[:-2]) == (554, [text]), verb
+    raw = _request("ann@example.net", content=base64.b64encode(message).decode(), content_encoding="base64")
+    status, answer = node.http_post("/api/v1/inject", raw, TOKEN)
+    assert (status, answer) == (400, {"error": f"554 {text}", "field": "$.content"})
+    assert len(node.spool_messages()) == before
+    # Text that is UTF-8 names its tenant as it is.
+    utf8 = message.replace(b"\xe9", "\u00e9".encode())
+    raw = _request("bob@example.net", content=base64.b64encode(utf8).decode(), content_encoding="base64")
+    assert node.http_post("/api/v1/inject", raw, TOKEN)[0] == 200
 
 
 def test_a_tenant_with_white_space_colon_or_at_is_one_rule_at_every_door(node: PigeonProcess) -> None:

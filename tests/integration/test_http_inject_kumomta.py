@@ -214,6 +214,24 @@ def test_a_recipient_that_is_no_address_is_refused_alone_and_the_others_are_inje
     assert (status, answer["success_count"], answer["fail_count"]) == (200, 0, 1), answer
 
 
+def test_content_is_checked_when_every_recipient_is_refused_as_when_one_is_taken(node: PigeonProcess) -> None:
+    """Found from outside: content with no From and only recipients that are no address was a
+    200 (fail_count 1), where the same content with a good recipient was refused (400 $.content):
+    the content is the request's, whoever it goes to."""
+    before = len(node.spool_messages())
+    request: dict[str, Any] = {"content": "AAA", "envelope_sender": "", "recipients": [{"email": "lou@k8.test"}]}
+    status, with_one = node.http_post(PATH, request, TOKEN)
+    assert (status, with_one["field"]) == (400, "$.content"), with_one
+    for recipients in ([{"email": ""}], [{"email": "nobody"}, {"email": "a@@b"}]):
+        request["recipients"] = recipients
+        assert node.http_post(PATH, request, TOKEN) == (400, with_one), recipients
+    # Content that passes is a 200 that took none, as before.
+    request["content"] = "From: a@example.org\n\nx\n"
+    status, answer = node.http_post(PATH, request, TOKEN)
+    assert (status, answer["success_count"], answer["fail_count"]) == (200, 0, 2), answer
+    assert len(node.spool_messages()) == before
+
+
 def test_tokens_and_tenant_bindings_are_those_of_pigeon_s_own_api(node: PigeonProcess) -> None:
     request = _builder_request(recipients=[{"email": "kim@k7.test", "substitutions": {"code": "1"},
                                             "name": "Kim"}])  # fmt: skip

@@ -164,6 +164,56 @@ def test_queue_list_shows_mail_a_suspension_holds_as_due_at_its_end_not_in_a_min
         assert sink.received == []
 
 
+def test_inspect_says_the_state_queue_list_says_of_deferred_held_and_suspended_mail(
+    tmp_path: Path, sink: ScriptedSink
+) -> None:
+    """Found from outside: `pigeon inspect` said "scheduled" of every message not in memory,
+    deferred or held by an operator alike, where `pigeon queue list` said `deferred` and `held`."""
+    with _node(tmp_path / "node", sink) as pigeon:
+        deferred, held = _send(pigeon, "tempfail@a.test", count=2)
+        (suspended,) = _send(pigeon, "tempfail@b.test")
+        wait_until(lambda: len({r["id"] for r in pigeon.records("TransientFailure")}) == 3)
+        hold = {"messages": [held], "reason": "look first"}
+        assert pigeon.http_call("POST", "/api/v1/admin/hold", hold, ADMIN)[0] == 200
+        ends = {"domain": "b.test", "duration": "2h"}
+        rule = pigeon.http_call("POST", "/api/v1/admin/suspend", ends, ADMIN)[1]["rule"]
+        listed = {m["id"]: m for m in _list(pigeon)[1]["messages"]}
+        assert {spool_id: m["state"] for spool_id, m in listed.items()} == {
+            deferred: "deferred",
+            held: "held",
+            suspended: "suspended",
+        }
+        for spool_id, entry in listed.items():
+            status, inspected = pigeon.http_call("GET", f"/api/v1/messages/{spool_id}", None, READER)
+            assert status == 200 and inspected["in_memory"] is False, inspected
+            shown = {key: inspected[key] for key in ("state", "suspended_by", "next_due", "held")}
+            assert shown == {key: entry[key] for key in shown}, (spool_id, inspected)
+        assert listed[suspended]["next_due"] == rule["expires"]  # its end, not the minute after which it looks again
+        assert "state          held" in pigeon.cli("inspect", held).splitlines()
+        assert "state          deferred" in pigeon.cli("inspect", deferred).splitlines()
+
+
+def test_a_query_number_is_ascii_digits_and_a_long_id_is_cut_in_its_refusal(tmp_path: Path, sink: ScriptedSink) -> None:
+    """Found from outside: `limit=١٠` (Arabic-Indic digits) was taken as 10, and a 5000-character
+    id was echoed whole in its 400, where other refusals cut what they quote."""
+    with _node(tmp_path / "node", sink) as pigeon:
+        for limit in ("%D9%A1%D9%A0", "%EF%BC%91", "1" * 5000, "%2B5", "%205"):
+            status, answer = _list(pigeon, f"?limit={limit}")
+            assert (status, answer["field"]) == (400, "limit"), (limit, answer)
+            assert len(answer["error"]) < 100, answer
+        assert _list(pigeon, "?limit=10")[0] == 200
+        long_id = "x" * 5000
+        for path in (f"/api/v1/messages/{long_id}", f"/api/v1/messages?after={long_id}"):
+            status, answer = pigeon.http_call("GET", path, None, READER)
+            assert status == 400 and f"'{'x' * 40}'... must be 16 hex digits" in answer["error"], answer
+            assert len(answer["error"]) < 120, answer
+        hold = {"messages": [long_id], "reason": "x"}
+        status, answer = pigeon.http_call("POST", "/api/v1/admin/hold", hold, ADMIN)
+        assert (status, answer["field"]) == (400, "$.messages[0]") and len(answer["error"]) < 120, answer
+        shown = _cli(pigeon, "--limit", "\u0661\u0660")
+        assert shown.returncode == 2 and "is not a whole number" in shown.stderr, shown.stderr
+
+
 def test_queue_list_merges_both_workers_messages_in_order(tmp_path: Path, sink: ScriptedSink) -> None:
     with _node(tmp_path / "node", sink, workers=2) as pigeon:
         ids: list[str] = []

@@ -628,3 +628,19 @@ def test_a_token_bound_to_a_tenant_pages_by_a_cursor_that_names_no_other_tenants
         assert page["next"] == page["messages"][-1]["id"] and page["next"] in globex
         status, page = _api(node, "GET", f"/api/v1/messages?limit=5&after={page['next']}", token=OPS)
         assert status == 200 and len(page["messages"]) == 5, page
+
+
+@pytest.mark.parametrize("via", ["curl", {}])
+def test_a_token_bound_to_a_tenant_cannot_reach_another_node_unconfined_by_a_via_the_schema_does_not_take(
+    cluster: tuple[PigeonProcess, PigeonProcess], via: Any
+) -> None:
+    """The supervisor confines a write after checking it, and passed on one it found invalid for
+    each worker to refuse; `via` made it valid after (replaced with "api"), so the other nodes
+    were told the write unconfined: acme's token bounced globex's mail on node a."""
+    a, b = cluster
+    globex = _inject(a, "globex")
+    status, refused = _api(b, "POST", "/api/v1/admin/bounce", {"domain": "*", "reason": "acme's", "via": via})
+    assert (status, refused.get("field")) == (400, "$.via"), refused
+    time.sleep(2)
+    assert not _bounced(a) & set(globex)
+    assert set(globex) <= {row["id"] for row in a.spool_messages()}

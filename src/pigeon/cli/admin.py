@@ -511,7 +511,7 @@ def _register_queue_list(actions: Any) -> None:
 
 
 def _positive(text: str) -> int:
-    if not text.isdecimal() or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:  # ASCII digits: "١٠" is no number here
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
     return int(text)
 

@@ -1107,26 +1107,29 @@ class Supervisor:
         if (refused := body_too_large(body)) is not None:  # before anything here decodes it
             status, answer = refusal_answer(refused)
             return web.json_response(answer, status=status)
+        if request.method == "POST" and body:
+            # Named (and `via` and `bound_to` set) before it is confined: `_confined` checks the very body every
+            # worker and node is told. Checked before `with_id` made `via` valid, a write naming
+            # `"via": "curl"` was passed on unconfined, and the other nodes carried it out so.
+            body = with_id(body, caller(request), tenants)
         try:
             body = self._confined(request, body, holder, tenants)
         except web.HTTPException as refusal:
             status, answer = refusal_answer(refusal)
             return web.json_response(answer, status=status)
-        if request.method == "POST" and body:
-            body = with_id(body, caller(request), tenants)
-            if self._node_rules is not None:
-                # One id, one rule: another rule's id is refused before any worker or node is told,
-                # and so is an operation that makes no rule under a rule's id.
-                in_force = self._node_rules.standing.in_force
-                operation = operation_of(request.method, request.path, body)
-                try:
-                    if (change := self._rule_change(request, body, issued)) is not None:
-                        refuse_taken_id(change, in_force.get(change.rule_id), issued)
-                    if operation is not None:
-                        refuse_taken_operation(operation, in_force.get(operation[0]), issued)
-                except web.HTTPConflict as refusal:
-                    answer = confined_answer(request.method, request.path, refusal_answer(refusal)[1], tenants)
-                    return web.json_response(answer, status=refusal.status)
+        if request.method == "POST" and body and self._node_rules is not None:
+            # One id, one rule: another rule's id is refused before any worker or node is told,
+            # and so is an operation that makes no rule under a rule's id.
+            in_force = self._node_rules.standing.in_force
+            operation = operation_of(request.method, request.path, body)
+            try:
+                if (change := self._rule_change(request, body, issued)) is not None:
+                    refuse_taken_id(change, in_force.get(change.rule_id), issued)
+                if operation is not None:
+                    refuse_taken_operation(operation, in_force.get(operation[0]), issued)
+            except web.HTTPConflict as refusal:
+                answer = confined_answer(request.method, request.path, refusal_answer(refusal)[1], tenants)
+                return web.json_response(answer, status=refusal.status)
         cluster = self._cluster
         if (
             cluster is not None
@@ -1170,9 +1173,10 @@ class Supervisor:
 
     def _confined(self, request: web.Request, body: bytes, holder: str, tenants: frozenset[str] | None) -> bytes:
         """An admin write of a token bound to `tenants` confined to them (`admin.confine`), here,
-        before any worker or node is told, and before the rule it makes is named and numbered:
-        every worker and node then makes the same rule from the same body. What a worker would
-        refuse anyway (no scope, a malformed body) is passed on as it is, for each to refuse."""
+        before any worker or node is told, and before the rule it makes is numbered: every
+        worker and node then makes the same rule from the same body. What a worker would refuse
+        anyway (no scope, a malformed body) is passed on as it is, for each to refuse: `body` is
+        the one they are told (its id and `via` set), so that what is refused here is refused there."""
         if tenants is None or request.method not in ("POST", "DELETE") or not request.path.startswith("/api/v1/admin/"):
             return body
         try:

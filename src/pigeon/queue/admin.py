@@ -833,12 +833,8 @@ class Admin:
             if message is None:
                 return None
         envelope = message.envelope
-        unsent = entry is None or (entry.state in _UNSENT and not (entry.state is State.IN_FLIGHT and entry.started))
-        suspension = self._rules.suspension_of(message) if unsent else None
-        if suspension is None and entry is not None and entry.state is State.READY and entry.site is not None:
-            # Waiting in a site's ready queue: a suspension of that site holds it there (as the
-            # queue summary counts it `suspended`, and names the rule in `suspended_by`).
-            suspension = next(iter(self._rules.site_suspensions(entry.site)), None)
+        # Its state and the suspension holding it as `pigeon queue list` says them: one reading.
+        state, suspension = self._state_of(message, entry, self._clock())
         pool, pool_from = self._pool_of(message)
         # A reaction's suspension holding it: the one on its ready queue now, else the one its
         # last deferral was made under (it waits for its end), as its expiry would name it.
@@ -848,7 +844,7 @@ class Admin:
         return {
             "id": format_id(message.id),
             "queue": message.queue,
-            "state": entry.state.value if entry is not None else "scheduled",
+            "state": state,
             "in_memory": entry is not None,
             "site": entry.site if entry is not None else None,
             # The egress [[source]] of its ready queue, once it is in one (None: the implicit source).
@@ -863,7 +859,7 @@ class Admin:
             "size": message.size,
             "created": message.created,
             "attempts": message.attempts,
-            "next_due": None if envelope.held is not None else message.due,
+            "next_due": listing.next_due(message, state, suspension),
             "held": envelope.held,
             # The operator (API token) who held it (`pigeon hold`); None: no operator's hold.
             "hold_operator": envelope.hold_operator,
@@ -909,23 +905,7 @@ class Admin:
                 return None
             if tenants is not None and listing.tenant_of(message) not in tenants:
                 return None
-            started = entry is not None and entry.state is State.IN_FLIGHT and entry.started
-            unsent = entry is None or (entry.state in _UNSENT and not started)
-            suspension = self._rules.suspension_of(message) if unsent and message.envelope.held is None else None
-            if suspension is None and entry is not None and entry.state is State.READY and entry.site is not None:
-                if entry.site not in site_held:  # (asked once a site: many messages share a few)
-                    site_held[entry.site] = next(iter(self._rules.site_suspensions(entry.site)), None)
-                suspension = site_held[entry.site]
-            if entry is not None and entry.state is not State.READY:
-                state = listing.IN_MEMORY_STATES[entry.state]
-            elif suspension is not None:
-                state = "suspended"
-            elif entry is not None:
-                state = "ready"
-            elif message.envelope.held is not None:
-                state = "held"
-            else:
-                state = "due" if message.due <= now else "deferred"
+            state, suspension = self._state_of(message, entry, now, site_held)
             if states is not None and state not in states:
                 return None
             return listing.listed(message, state, suspension)
@@ -935,6 +915,38 @@ class Admin:
             for spool in list(self._spools.values())
         ]
         return listing.merge_pages(pages, limit)
+
+    def _state_of(
+        self, message: Message, entry: Entry | None, now: float, site_held: dict[str, Rule | None] | None = None
+    ) -> tuple[str, Rule | None]:
+        """What a queued message is doing (`listing.STATES`; an entry's own state once it is
+        delivered or bounced), and the operator's suspension that holds it, if any: one reading,
+        for `pigeon queue list` and `pigeon inspect` alike. `message`: its row, or its entry's
+        message; `site_held`: each site's first suspension, filled as sites are asked (a page
+        asks once a site: many messages share a few)."""
+        started = entry is not None and entry.state is State.IN_FLIGHT and entry.started
+        unsent = entry is None or (entry.state in _UNSENT and not started)
+        # Mail held for an operator is held, whatever suspension covers it too: only a release
+        # by id lets it go, and a resume leaves it held.
+        suspension = self._rules.suspension_of(message) if unsent and message.envelope.held is None else None
+        if suspension is None and entry is not None and entry.state is State.READY and entry.site is not None:
+            # Waiting in a site's ready queue: a suspension of that site holds it there (as the
+            # queue summary counts it `suspended`, and names the rule in `suspended_by`).
+            if site_held is None:
+                suspension = next(iter(self._rules.site_suspensions(entry.site)), None)
+            else:
+                if entry.site not in site_held:
+                    site_held[entry.site] = next(iter(self._rules.site_suspensions(entry.site)), None)
+                suspension = site_held[entry.site]
+        if entry is not None and entry.state is not State.READY:
+            return entry.state.value, suspension  # scheduled, in_flight, settling (or over)
+        if suspension is not None:
+            return "suspended", suspension
+        if entry is not None:
+            return "ready", None
+        if message.envelope.held is not None:
+            return "held", None
+        return ("due" if message.due <= now else "deferred"), None
 
     def operations(self) -> list[dict[str, Any]]:
         """Recent bulk operations, running or done, with how far they got."""

@@ -24,7 +24,6 @@ from typing import Any, Final
 from pigeon.message import Message, format_id, parse_id
 from pigeon.queue.names import queue_parts
 from pigeon.queue.rules import Rule
-from pigeon.queue.state import State
 from pigeon.spool.spool import Spool
 
 MAX_LIMIT: Final = 1000
@@ -168,11 +167,3 @@ def page_limit(query: Mapping[str, str]) -> int:
         return max(1, min(MAX_LIMIT, int(query.get("limit", DEFAULT_LIMIT))))
     except ValueError:
         return DEFAULT_LIMIT
-
-
-IN_MEMORY_STATES: Final = {
-    State.SCHEDULED: "scheduled",
-    State.READY: "ready",
-    State.IN_FLIGHT: "in_flight",
-    State.SETTLING: "settling",
-}

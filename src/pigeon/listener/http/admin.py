@@ -253,6 +253,8 @@ def issued_by_supervisor(request: web.Request) -> float | None:
     return None
 
 
+_VIA_VALUES: Final = ("cli", "api", None)
+"""What a request's `via` may be (`Selecting.via`)."""
 CLI_AGENT: Final = "pigeon-cli/"
 """How the `pigeon` command's requests begin their User-Agent."""
 
@@ -265,8 +267,10 @@ def caller(request: web.Request) -> Literal["cli", "api"]:
 def with_id(body: bytes, via: Literal["cli", "api"] | None = None, bound: frozenset[str] | None = None) -> bytes:
     """A write's body with an `id`: a new standing rule (or bulk operation) gets its id once, where
     it is issued, so every worker and every node stores it under the same. With `via` (where it
-    is issued), that too, replacing any a client sent, and `bound_to`: `bound`, the tenants of
-    the token that asked (None: unbound, and no `bound_to`).
+    is issued), that too, replacing any a client sent that the schema takes ("cli", "api",
+    null): one it does not take (`{}`, `"x"`) is left for `validate` to refuse, naming `$.via`,
+    as any other mistyped member is. And `bound_to`: `bound`, the tenants of the token that
+    asked (None: unbound, and no `bound_to`).
 
     A bound token's id, given or made, is one of its binding's own (`bound_rule_id`): an id it
     gives then never names a rule of the operator or of another binding, so a 409 (or an
@@ -274,6 +278,8 @@ def with_id(body: bytes, via: Literal["cli", "api"] | None = None, bound: frozen
     are computed from what they hold: anyone can compute another's)."""
     with contextlib.suppress(ValueError):  # a member named twice too: left for `validate` to refuse
         decoded = json.loads(body, object_pairs_hook=unique_members)
+        if isinstance(decoded, dict) and decoded.get("via") not in _VIA_VALUES:
+            return body
         if isinstance(decoded, dict) and ("id" not in decoded or via is not None):
             decoded.setdefault("id", new_rule_id())
             if via is not None:
@@ -727,6 +733,9 @@ def _refusal(error: msgspec.ValidationError, action: str) -> web.HTTPBadRequest:
         set_here = ("via", "bound_to")
         known = ", ".join(f.name for f in msgspec.structs.fields(_REQUESTS[action]) if f.name not in set_here)
         return bad_request(f"unknown member {name[:40]!r}: {action} takes {known}", f"$.{name[:40]}")
+    if message.endswith("`$.via`"):
+        text = 'via is "cli", "api" or null: what the request came through, set by the node whatever it says'
+        return bad_request(f"{text} (best left out)", "$.via")
     if (too_long := _TOO_LONG.match(message)) is not None:
         limit, name = too_long.groups()
         return bad_request(f"{name} is at most {limit} characters", f"$.{name}")

@@ -76,6 +76,7 @@ from pigeon.compose import (
     is_recipient_email,
     media_type_problem,
 )
+from pigeon.config.schema import Config
 from pigeon.header_section import author_missing_in, malformed_field_in, repeated_field_in
 from pigeon.intake import Arrival, ClientGone, Draft, Refused, Stored
 from pigeon.listener.http.body import declared_too_large, read_body, too_large_text
@@ -517,6 +518,13 @@ async def _inject(
         present = functools.partial(_present, request)
         committed = functools.partial(_committed, request, session)
         pending.append(([result], draft, draft.commit(committed, present=present)))
+    if not composing and not sharing:
+        # No recipient was left to compose a message for (each refused: not an address, by the
+        # policy): the content is checked all the same, as it is with one taken, so that content
+        # refused with a recipient is refused without one too, not answered 200 taking none.
+        checked = parsed.recipients[0] if parsed.recipients else InjectRecipient(config.smtp.postmaster)
+        _check_content_alone(composer, parsed, checked, functools.partial(node.intake.draft, arrival=arrival),
+                             config, bound, tenant_header, peer, holder)  # fmt: skip
     if sharing:
         composed = composer.compose(sharing[0][1])  # (nothing rendered: the same for every recipient)
         unfit = check_message(
@@ -585,6 +593,55 @@ async def _inject(
     # itself cannot be carried out, and a client that looks only at the status must see it.
     everyone_refused = accepted == 0 and bool(results)
     return door.answer(response, 422 if everyone_refused else 200)
+
+
+def _check_content_alone(
+    composer: Composer,
+    parsed: InjectRequest,
+    recipient: InjectRecipient,
+    draft_of: Callable[[Envelope], Draft],
+    config: Config,
+    bound: bool,
+    tenant_header: str,
+    peer: str,
+    holder: str,
+) -> None:
+    """Refuse the request (400, 403) for content that would refuse it whole with a recipient
+    taken, when none was: composed for `recipient` (its first, else a stand-in), checked as a
+    first message is, and not stored. A rendering that fails for that recipient says nothing of
+    the content: left alone, as a later recipient's would be."""
+    try:
+        composed = composer.compose(recipient)
+    except TemplateLimitError as error:
+        raise bad_request(str(error), f"$.content.{error.field}" if error.field != "raw" else "$.content") from None
+    except ComposeError:
+        return
+    unfit = check_message(
+        composed.data,
+        max_size=config.smtp.max_message_size,
+        max_line_length=config.smtp.max_line_length,
+        uncounted=composed.own,
+    )
+    if unfit is not None and not parsed.template:
+        raise content_refused(unfit)
+    if (repeated := repeated_field_in(composed.data)) is not None:
+        raise content_refused(replies.content_field_repeated(repeated))
+    envelope = Envelope(
+        parsed.envelope_sender,
+        [Recipient(recipient.email)],
+        smtputf8=composed.smtputf8,
+        body="8BITMIME" if not composed.data.isascii() else None,
+        peer=peer,
+        auth_user=holder,
+        protocol="HTTP",
+    )
+    draft = draft_of(envelope)
+    try:
+        draft.write(composed.data)
+        if (whole := _refused_whole(draft, parsed, composed.data, bound, tenant_header)) is not None:
+            raise whole
+    finally:
+        draft.discard()
 
 
 def _shared_messages(

@@ -82,7 +82,12 @@ class ListRequest:
             self.states = asked
         self.limit = listing.DEFAULT_LIMIT
         if (limit := query.get("limit")) is not None:
-            if not limit.isdecimal() or not 1 <= int(limit) <= listing.MAX_LIMIT:
+            # ASCII digits only: str.isdecimal and int take any script's ("١٠" read as 10), and
+            # int refuses over 4300 digits (a 500); no number in a query is written so.
+            if (
+                not (limit.isascii() and limit.isdigit() and len(limit) <= 9)
+                or not 1 <= int(limit) <= listing.MAX_LIMIT
+            ):
                 raise bad_request(f"limit is a whole number from 1 to {listing.MAX_LIMIT}, not {limit[:20]!r}", "limit")
             self.limit = int(limit)
         self.after = 0
