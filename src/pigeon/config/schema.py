@@ -536,6 +536,13 @@ class ApiToken(_Section):
     has no tenant (a site suspension, the shaping effects) is 403. None (unset): any tenant,
     the token being the operator's. An empty list is refused at load (a token that could do
     nothing)."""
+    routing_domains: list[str] | None = None
+    """With `tenants`: the domains (globs) a rebind from this token may route its tenants' mail
+    as (`routing_domain`). That domain's `[[route]]` (next hop, TLS, the smart host's AUTH user
+    and password) and `[[shaping]]` then carry the mail, and the operator may have written them
+    for another customer: so a token bound to tenants may give only these, or "" (its recipients'
+    own domains again); others are 403. None: none. A token bound to no tenant routes mail as any
+    domain, and is refused this key at load (it would restrict nothing)."""
 
 
 LOCAL_TOKEN_NAME: Final = "local"

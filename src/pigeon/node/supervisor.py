@@ -1181,7 +1181,8 @@ class Supervisor:
         except web.HTTPException:
             return body
         in_force = self._node_rules.standing.in_force if self._node_rules is not None else {}
-        return confine(request.method, request.path, body, holder, tenants, in_force.get)
+        routing = self._tokens.routing_domains(holder)
+        return confine(request.method, request.path, body, holder, tenants, in_force.get, routing)
 
     async def _to_workers_in_turn(
         self, request: web.Request, body: bytes, issued: float | None = None
