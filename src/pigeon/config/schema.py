@@ -558,6 +558,13 @@ class HttpConfig(_Section):
     local_token: bool = True
     """Keep a token with every scope in <spool path>/api-token (mode 0600), made at first start,
     for the `pigeon` commands run on this machine by a user who can read the spool."""
+    status_token_required: bool = False
+    """/metrics and /healthz's detail only to a `read` token bound to no tenant: they name every
+    tenant's queues (tenant and campaign names), recipient domains, counts, sources and
+    mailboxes, so a listener customers reach for the API should not answer them to anyone.
+    /metrics is then 401 without a token, 403 with one bound to tenants; /healthz answers every
+    caller its status and code (a liveness probe needs no token) and its components to such a
+    token alone. False: both open to anyone who reaches the listener, as before."""
     max_request_size: PositiveSize = PositiveSize(64 * 1024 * 1024)
     """Largest API request body: 413 beyond, with a JSON error naming this setting."""
     max_recipients: PositiveInt = 10_000

@@ -50,10 +50,13 @@ class Tokens:
         bindings: dict[str, frozenset[str]] | None = None,
         cursor_key: bytes | None = None,
         routing: dict[str, tuple[str, ...]] | None = None,
+        status_token_required: bool = False,
     ) -> None:
         self._tokens = [_Token(name, _digest(secret), frozenset(scopes)) for name, secret, scopes in tokens]
         self._bindings = bindings or {}
         self._routing = routing or {}
+        self.status_token_required = status_token_required
+        """`[http] status_token_required`: /metrics and /healthz's detail need `status_holder`'s token."""
         self.cursor_key = cursor_key if cursor_key is not None else secrets.token_bytes(32)
         """Seals the paging cursors of tokens bound to tenants (`CURSOR_KEY_FILE`; made up, for
         tokens not made from a config)."""
@@ -62,7 +65,9 @@ class Tokens:
     def from_config(cls, config: Config) -> Tokens:
         spool_path = config.spool.path
         key = hashlib.sha256(_ensure_secret(spool_path, CURSOR_KEY_FILE).encode()).digest()
-        return cls(_configured(config, spool_path), _bindings(config), key, _routing(config))
+        tokens = cls(_configured(config, spool_path), _bindings(config), key, _routing(config))
+        tokens.status_token_required = config.http.status_token_required
+        return tokens
 
     def take(self, config: Config, spool_path: Path) -> None:
         """A reload's `[[http.token]]`s (and `local_token`), in force for the next request: a
@@ -71,6 +76,7 @@ class Tokens:
         self._tokens = Tokens(_configured(config, spool_path))._tokens
         self._bindings = _bindings(config)
         self._routing = _routing(config)
+        self.status_token_required = config.http.status_token_required
 
     def binding(self, holder: str) -> frozenset[str] | None:
         """The tenants whose mail the token called `holder` may inject, see and act on
@@ -95,6 +101,33 @@ class Tokens:
         if scope not in found.scopes:
             raise _error(web.HTTPForbidden, f"token {found.name!r} lacks the {scope!r} scope")
         return found.name
+
+    def status_holder(self, request: web.Request) -> str:
+        """The name of the token a request for the node's state carries (/metrics, /healthz's
+        detail: every tenant's queue names, recipient domains and counts), if it may see it: a
+        `read` token bound to no tenant. Raises as `holder` does, and 403 for a bound token."""
+        holder = self.holder(request, "read")
+        tenants = self._bindings.get(holder)
+        if tenants is not None:
+            names = ", ".join(sorted(tenants))
+            raise _error(
+                web.HTTPForbidden,
+                f"token {holder!r} is bound to tenant{'' if len(tenants) == 1 else 's'} {names}: /metrics and "
+                "/healthz's detail show every tenant's queues, recipient domains and counts ([http] "
+                "status_token_required); ask with a 'read' token bound to no tenant",
+            )
+        return holder
+
+    def shows_status(self, request: web.Request) -> bool:
+        """Whether /healthz may show `request` its components: `status_token_required` is off, or
+        the request carries `status_holder`'s token."""
+        if not self.status_token_required:
+            return True
+        try:
+            self.status_holder(request)
+        except web.HTTPException:
+            return False
+        return True
 
     def known(self, request: web.Request) -> str:
         """The name of the token the request carries, whatever its scopes: its headers alone
