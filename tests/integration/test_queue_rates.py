@@ -125,3 +125,40 @@ def test_sighup_applies_a_changed_queue_rate_to_mail_already_waiting(tmp_path: P
             wait_until(lambda: pigeon.stderr().count("reloaded:") > before, timeout=10)
             sink.wait_for(count, timeout=5)  # at the old rate, the 8 or so left would take 8 s
         assert "takes effect at the next restart" not in pigeon.stderr()
+
+
+POOLING_POLICY = """
+from pigeon.policy import Changes
+
+def on_message(message):
+    # One queue per tenant, whatever the campaign and the recipients' domain: its [[queue]] rate
+    # is then the tenant's. (A name without '@': selectors still match the mail by its own
+    # tenant, campaign and domain.)
+    if message.tenant:
+        return Changes(queue=f"{message.tenant}-paced")
+    return None
+"""
+
+
+def test_a_policy_that_puts_a_tenants_mail_in_one_queue_paces_the_tenant_whatever_its_campaigns_and_domains(
+    tmp_path: Path,
+) -> None:
+    # `name = "*:acme@*"` gives each campaign and domain of acme a rate of its own: acme would
+    # multiply its rate by varying X-Campaign. One queue for the tenant is one rate for it.
+    module = tmp_path / "policy.py"
+    module.write_text(POOLING_POLICY)
+    paced = {"name": "acme-paced", "max_message_rate": f"{RATE}/s"}
+    with ScriptedSink() as sink:
+        config = delivery_config(sink.endpoint)
+        with PigeonProcess(tmp_path / "node", queue=[paced], policy={"module": str(module)}, **config) as pigeon:
+            with smtplib.SMTP("127.0.0.1", pigeon.smtp_port, timeout=10) as client:
+                for n in range(15):
+                    campaign, domain = f"c{n % 5}", ("dst.test", "dst2.test")[n % 2]
+                    client.sendmail("a@src.test", [f"user{n}@{domain}"], _message(campaign, n))
+            sink.wait_for(15, timeout=30)
+            deliveries = pigeon.wait_records("Delivery", 15)
+    times = sorted(arrival.at for arrival in sink.arrivals if arrival.at)
+    # Five campaigns to two domains, ten queues with a glob's rate each: one rate here.
+    assert times[-1] - times[0] >= 2.4, times
+    assert _busiest_second(times) <= RATE + 2, times
+    assert {r["queue"] for r in deliveries} == {"acme-paced"}

@@ -139,9 +139,10 @@ def _cluster(queues: Any, nodes: dict[str, str] | None, unavailable: str | None)
 
 
 def _counters(client: ApiClient, cluster: bool = False) -> tuple[dict[str, float], dict[str, str] | None]:
-    """The counters `top` shows, from /metrics (no token needed there; the cluster's, added
-    up, need a `read` one), and the nodes they add up (None: this node's own)."""
-    status, raw = client.fetch("/metrics" + ("?cluster=1" if cluster else ""), token=cluster, timeout=40)
+    """The counters `top` shows, from /metrics (a `read` token bound to no tenant needed there with
+    `[http] status_token_required`, and for the cluster's, added up), and the nodes they add up
+    (None: this node's own)."""
+    status, raw = client.fetch("/metrics" + ("?cluster=1" if cluster else ""), timeout=40)
     if status != 200:
         raise SystemExit(fail(status, _decoded(raw)))
     text = raw.decode()
@@ -195,7 +196,8 @@ def _snapshot(
 
 def _mailboxes(client: ApiClient) -> dict[str, Any]:
     """Each mailbox's state, as /healthz says it."""
-    _, answer = client.fetch("/healthz", token=False, timeout=10)  # 503: something is down; the body says what
+    # 503: something is down; the body says what (its components: to the token, with [http] status_token_required)
+    _, answer = client.fetch("/healthz", timeout=10)
     decoded = _decoded(answer)
     mailboxes: dict[str, Any] = decoded.get("inbound", {}) if isinstance(decoded, dict) else {}
     return mailboxes

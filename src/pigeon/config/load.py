@@ -1023,6 +1023,20 @@ def _check_tokens(config: Config, fail: Callable[..., ConfigError]) -> None:
             raise fail(["http.token", "tenants"], reason, index)
         if token.tenants is not None and (problem := binding_problem(token.tenants)) is not None:
             raise fail(["http.token", "tenants"], f"[[http.token]] {token.name!r}: {problem}", index)
+        if token.routing_domains is not None and token.tenants is None:
+            reason = (
+                f"[[http.token]] {token.name!r}: routing_domains limits the routing domains of a token bound to "
+                "tenants; this one has no tenants, so it may route mail as any domain: give it tenants, or leave "
+                "routing_domains out"
+            )
+            raise fail(["http.token", "routing_domains"], reason, index)
+        globs = token.routing_domains or []
+        for position, glob in enumerate(globs):
+            try:
+                globs[position] = domain_glob(glob)  # (as a rebind's routing_domain is read)
+            except PatternError as error:
+                raise fail(["http.token", "routing_domains"], f"[[http.token]] {token.name!r}: {glob!r} {error}",
+                           index) from None  # fmt: skip
         first = holders.setdefault(token.token, index)
         if first != index:
             reason = (

@@ -536,6 +536,13 @@ class ApiToken(_Section):
     has no tenant (a site suspension, the shaping effects) is 403. None (unset): any tenant,
     the token being the operator's. An empty list is refused at load (a token that could do
     nothing)."""
+    routing_domains: list[str] | None = None
+    """With `tenants`: the domains (globs) a rebind from this token may route its tenants' mail
+    as (`routing_domain`). That domain's `[[route]]` (next hop, TLS, the smart host's AUTH user
+    and password) and `[[shaping]]` then carry the mail, and the operator may have written them
+    for another customer: so a token bound to tenants may give only these, or "" (its recipients'
+    own domains again); others are 403. None: none. A token bound to no tenant routes mail as any
+    domain, and is refused this key at load (it would restrict nothing)."""
 
 
 LOCAL_TOKEN_NAME: Final = "local"
@@ -551,6 +558,13 @@ class HttpConfig(_Section):
     local_token: bool = True
     """Keep a token with every scope in <spool path>/api-token (mode 0600), made at first start,
     for the `pigeon` commands run on this machine by a user who can read the spool."""
+    status_token_required: bool = False
+    """/metrics and /healthz's detail only to a `read` token bound to no tenant: they name every
+    tenant's queues (tenant and campaign names), recipient domains, counts, sources and
+    mailboxes, so a listener customers reach for the API should not answer them to anyone.
+    /metrics is then 401 without a token, 403 with one bound to tenants; /healthz answers every
+    caller its status and code (a liveness probe needs no token) and its components to such a
+    token alone. False: both open to anyone who reaches the listener, as before."""
     max_request_size: PositiveSize = PositiveSize(64 * 1024 * 1024)
     """Largest API request body: 413 beyond, with a JSON error naming this setting."""
     max_recipients: PositiveInt = 10_000

@@ -957,6 +957,7 @@ def _reloaded_into(running: Config, loaded: Config, *, reactions: bool, shaping:
     for key in _RELOADED_SMTP_KEYS:
         setattr(running.smtp, key, getattr(loaded.smtp, key))
     running.http.token, running.http.local_token = loaded.http.token, loaded.http.local_token
+    running.http.status_token_required = loaded.http.status_token_required  # (`Tokens.take` took it)
     running.route = loaded.route
     running.dkim = loaded.dkim
     if [q.name for q in running.queue] == [q.name for q in loaded.queue]:

@@ -73,7 +73,7 @@ from pigeon.listener.http.body import (
 from pigeon.listener.http.connections import ConnectionLimits, GuardedRunner
 from pigeon.listener.http.content import CONTENT_PATH, HEADERS_PATH
 from pigeon.listener.http.errors import json_errors
-from pigeon.listener.http.health import DEGRADED, DOWN, OK, STOPPING, http_status, worst
+from pigeon.listener.http.health import DEGRADED, DOWN, OK, STOPPING, brief, http_status, worst
 from pigeon.listener.http.inject import FORWARDED_PEER, INJECT_PATHS
 from pigeon.listener.http.json_body import require_json
 from pigeon.listener.http.listing import PATH as LIST_PATH
@@ -856,7 +856,15 @@ class Supervisor:
         return self._tally.exposition({w.index for w, ok in zip(self.workers, answered, strict=True) if ok})
 
     async def _healthz(self, request: web.Request) -> web.Response:
+        body = await self._health()
+        code = http_status(body["status"])
+        if not self._tokens.shows_status(request):
+            # (`[http] status_token_required`: the node's status and code alone, as a worker answers.)
+            return web.json_response(brief(body["status"]), status=code)
+        return web.json_response(body, status=code)
 
+    async def _health(self) -> dict[str, Any]:
+        """The node's /healthz: its workers' answers, added up."""
         answers = await self._ask_all("/healthz")
         workers: list[dict[str, Any]] = []
         for worker, answer in zip(self.workers, answers, strict=True):
@@ -906,7 +914,7 @@ class Supervisor:
         if shaping:  # a worker that falls back keeps to the node's share: the node says so
             worst_one = max(shaping, key=lambda s: (s.get("status") != OK, s.get("mode") == "fallback"))
             body["shaping"] = worst_one
-        return web.json_response(body, status=http_status(status))
+        return body
 
     async def _api(self, request: web.Request) -> web.StreamResponse:
         """An API request goes to one worker, the next one each time; a worker that is down
@@ -1185,7 +1193,8 @@ class Supervisor:
         except web.HTTPException:
             return body
         in_force = self._node_rules.standing.in_force if self._node_rules is not None else {}
-        return confine(request.method, request.path, body, holder, tenants, in_force.get)
+        routing = self._tokens.routing_domains(holder)
+        return confine(request.method, request.path, body, holder, tenants, in_force.get, routing)
 
     async def _to_workers_in_turn(
         self, request: web.Request, body: bytes, issued: float | None = None
@@ -1349,10 +1358,11 @@ class Supervisor:
         async def workers() -> tuple[int, Any]:
             return 200, {"text": await self._workers_metrics()}
 
+        holder = self._tokens.status_holder(request) if self._tokens.status_token_required else None
         if not cluster_wide(request) or self._cluster is None:
             _, answer = await workers()
             return exposition(answer["text"])
-        operator = self._tokens.holder(request, "read")  # every node works for it: not for anyone
+        operator = holder or self._tokens.holder(request, "read")  # every node works for it: not for anyone
         _, answer = await self._cluster.around("GET", "/metrics", b"", operator, workers, merge_metric_answers)
         return exposition(answer["text"] + cluster_comment(answer["cluster"]))
 

@@ -1,8 +1,10 @@
-"""Queue rates: `[[queue]] max_message_rate`, the pace a tenant's or campaign's mail leaves at.
+"""Queue rates: `[[queue]] max_message_rate`, the pace a scheduled queue's mail leaves at.
 
 A scheduled queue (`campaign:tenant@domain`) matched by a `[[queue]]` block with a
 `max_message_rate` is made ready no faster than that rate, whatever its destination, as
-KumoMTA's scheduled queues are: each matching queue has a rate of its own. The scheduler
+KumoMTA's scheduled queues are: each matching queue has a rate of its own. Nothing pools the
+queues a glob matches: `*:acme@*` paces each campaign of acme to each domain apart, so a tenant's
+whole pace takes one queue of its own (a policy's `Changes(queue=...)`). The scheduler
 hands such a queue's messages to the `Pacer` instead of routing them at once; the pacer books
 their slots of the rate from the throttles (`pigeon.shaping.throttles`, keyed `queue:<name>`:
 the node's workers share the schedule through their table, the cluster's nodes through Redis,

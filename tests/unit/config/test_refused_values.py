@@ -232,6 +232,16 @@ def token(name: str = '"app"', secret: str = '"a0b1c2d3e4f5a6b7c8d9"', scopes: s
             "line 5: [[http.token]] #1 tenants: [[http.token]] 'app': an empty list binds the token to no tenant, "
             "so it could do nothing: name its tenants, or leave tenants out for a token of the operator's (any tenant)",
         ),
+        (
+            # An unbound token routes mail as any domain: a list there would seem to limit it, and not.
+            token() + 'routing_domains = ["acme-relay.test"]\n',
+            "line 5: [[http.token]] #1 routing_domains: [[http.token]] 'app': routing_domains limits the routing "
+            "domains of a token bound to tenants; this one has no tenants",
+        ),
+        (
+            token() + 'tenants = ["acme"]\nrouting_domains = ["a..b"]\n',
+            "line 6: [[http.token]] #1 routing_domains: [[http.token]] 'app': 'a..b' has an empty label",
+        ),
     ],
     ids=[
         "same-name",
@@ -244,6 +254,8 @@ def token(name: str = '"app"', secret: str = '"a0b1c2d3e4f5a6b7c8d9"', scopes: s
         "tenant-with-space",
         "empty-tenant",
         "no-tenants",
+        "routing-domains-unbound",
+        "routing-domain-no-glob",
     ],
 )
 def test_api_token_mistakes_are_refused_naming_the_key(tmp_path: Path, text: str, expected: str) -> None:

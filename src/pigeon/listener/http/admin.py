@@ -55,7 +55,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Annotated, Any, Final, Literal, NamedTuple
 from urllib.parse import parse_qsl
 
@@ -205,7 +205,9 @@ class RebindRequest(Selecting):
     its parts from then on (`Selector.matches`), and `campaign:tenant@domain` gives them that
     tenant and campaign (`RebindMark.envelope`)."""
     routing_domain: str | None = None
-    """Route them as if their recipients were in this domain ("" routes them by their own again)."""
+    """Route them as if their recipients were in this domain ("" routes them by their own again):
+    by its [[route]] and [[shaping]]. From a token bound to tenants, only a domain its [[http.token]]
+    routing_domains lists, or "" (403 otherwise: `tenancy.confine_routing`)."""
 
 
 _REQUESTS: Final[dict[str, type[Selecting]]] = {
@@ -432,13 +434,14 @@ def confine(
     holder: str,
     tenants: frozenset[str] | None,
     rule_of: Callable[[str], Rule | None],
+    routing_domains: Collection[str] = (),
 ) -> bytes:
     """A write (checked already: `validate`) as a token bound to `tenants` may make it
     (`tenancy`): its selector confined to them, the body as it is for an unbound token. A
     resume or cancel of a rule `rule_of` (the rules where it is issued) says is not theirs is
     answered as one of a rule there is none of (404), and so is one out of their reach though its
     selector is theirs (`tenancy.reaches`: the operator's suspension of their mail); a selector
-    they cannot confine, 403."""
+    they cannot confine, or a rebind's routing domain not among the token's `routing_domains`, 403."""
     if tenants is None:
         return body
     action, rule_id = _route(method, path)
@@ -451,7 +454,7 @@ def confine(
     if action not in _WRITES:
         return body
     request = json.loads(body)
-    tenancy.confine_selector(request, action, holder, tenants)
+    tenancy.confine_selector(request, action, holder, tenants, routing_domains)
     return json.dumps(request).encode()
 
 
@@ -780,7 +783,7 @@ async def write(request: web.Request) -> web.Response:
     path = request.path
     validate(request.method, request.path_qs, body)
     # (Confined by the supervisor too, if it passed it on: the same body again, kept as it is.)
-    body = confine(request.method, path, body, operator, tenants, admin.rule)
+    body = confine(request.method, path, body, operator, tenants, admin.rule, tokens.routing_domains(operator))
     if request.method == "POST":
         # Say what it came through, and who asked (the ids of a bound token's own: `with_id`).
         body = with_id(body, None if supervised else caller(request), tenants)

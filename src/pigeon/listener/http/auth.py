@@ -49,9 +49,14 @@ class Tokens:
         tokens: Sequence[tuple[str, str, Sequence[str]]],
         bindings: dict[str, frozenset[str]] | None = None,
         cursor_key: bytes | None = None,
+        routing: dict[str, tuple[str, ...]] | None = None,
+        status_token_required: bool = False,
     ) -> None:
         self._tokens = [_Token(name, _digest(secret), frozenset(scopes)) for name, secret, scopes in tokens]
         self._bindings = bindings or {}
+        self._routing = routing or {}
+        self.status_token_required = status_token_required
+        """`[http] status_token_required`: /metrics and /healthz's detail need `status_holder`'s token."""
         self.cursor_key = cursor_key if cursor_key is not None else secrets.token_bytes(32)
         """Seals the paging cursors of tokens bound to tenants (`CURSOR_KEY_FILE`; made up, for
         tokens not made from a config)."""
@@ -60,7 +65,9 @@ class Tokens:
     def from_config(cls, config: Config) -> Tokens:
         spool_path = config.spool.path
         key = hashlib.sha256(_ensure_secret(spool_path, CURSOR_KEY_FILE).encode()).digest()
-        return cls(_configured(config, spool_path), _bindings(config), key)
+        tokens = cls(_configured(config, spool_path), _bindings(config), key, _routing(config))
+        tokens.status_token_required = config.http.status_token_required
+        return tokens
 
     def take(self, config: Config, spool_path: Path) -> None:
         """A reload's `[[http.token]]`s (and `local_token`), in force for the next request: a
@@ -68,6 +75,8 @@ class Tokens:
         restart. `spool_path`: the running spool's, whose local token stays the node's."""
         self._tokens = Tokens(_configured(config, spool_path))._tokens
         self._bindings = _bindings(config)
+        self._routing = _routing(config)
+        self.status_token_required = config.http.status_token_required
 
     def binding(self, holder: str) -> frozenset[str] | None:
         """The tenants whose mail the token called `holder` may inject, see and act on
@@ -75,6 +84,12 @@ class Tokens:
         is). Asked right after `holder`, on the same loop turn, so a reload cannot come between
         the two."""
         return self._bindings.get(holder)
+
+    def routing_domains(self, holder: str) -> tuple[str, ...]:
+        """The domain globs a rebind of the token called `holder`, bound to tenants, may route
+        their mail as (`[[http.token]] routing_domains`, `tenancy.confine_routing`); () for none.
+        Asked with `binding`, on the same loop turn."""
+        return self._routing.get(holder, ())
 
     def holder(self, request: web.Request, scope: Scope) -> str:
         """The name of the token the request carries, if it grants `scope`.
@@ -86,6 +101,33 @@ class Tokens:
         if scope not in found.scopes:
             raise _error(web.HTTPForbidden, f"token {found.name!r} lacks the {scope!r} scope")
         return found.name
+
+    def status_holder(self, request: web.Request) -> str:
+        """The name of the token a request for the node's state carries (/metrics, /healthz's
+        detail: every tenant's queue names, recipient domains and counts), if it may see it: a
+        `read` token bound to no tenant. Raises as `holder` does, and 403 for a bound token."""
+        holder = self.holder(request, "read")
+        tenants = self._bindings.get(holder)
+        if tenants is not None:
+            names = ", ".join(sorted(tenants))
+            raise _error(
+                web.HTTPForbidden,
+                f"token {holder!r} is bound to tenant{'' if len(tenants) == 1 else 's'} {names}: /metrics and "
+                "/healthz's detail show every tenant's queues, recipient domains and counts ([http] "
+                "status_token_required); ask with a 'read' token bound to no tenant",
+            )
+        return holder
+
+    def shows_status(self, request: web.Request) -> bool:
+        """Whether /healthz may show `request` its components: `status_token_required` is off, or
+        the request carries `status_holder`'s token."""
+        if not self.status_token_required:
+            return True
+        try:
+            self.status_holder(request)
+        except web.HTTPException:
+            return False
+        return True
 
     def known(self, request: web.Request) -> str:
         """The name of the token the request carries, whatever its scopes: its headers alone
@@ -121,6 +163,10 @@ def _configured(config: Config, spool_path: Path) -> list[tuple[str, str, Sequen
 
 def _bindings(config: Config) -> dict[str, frozenset[str]]:
     return {t.name: frozenset(t.tenants) for t in config.http.token if t.tenants is not None}
+
+
+def _routing(config: Config) -> dict[str, tuple[str, ...]]:
+    return {t.name: tuple(t.routing_domains) for t in config.http.token if t.routing_domains}
 
 
 def ensure_local_token(spool_path: Path) -> str:

@@ -18,6 +18,11 @@ of them, or "stopping" during a graceful stop:
 
 The answer is 200 for "ok" and "degraded", 503 for "down" and "stopping": a probe that only
 looks at the code sees a node that cannot do its job.
+
+With `[http] status_token_required`, the components (every tenant's queue and mailbox names,
+sources, counts) are shown only to a `read` token bound to no tenant (`Tokens.status_holder`);
+anyone else gets the node's status and code alone (`brief`), so a liveness probe needs no token.
+The supervisor asking a worker over its control socket is always shown everything.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Final
 
 from aiohttp import web
 
-from pigeon.listener.http.context import NODE_KEY
+from pigeon.listener.http.context import NODE_KEY, from_supervisor
 
 OK: Final = "ok"
 DEGRADED: Final = "degraded"
@@ -46,7 +51,20 @@ def http_status(status: str) -> int:
     return 200 if status in (OK, DEGRADED) else 503
 
 
+BRIEF_DETAIL: Final = (
+    "the components are shown to a 'read' token bound to no tenant alone ([http] status_token_required)"
+)
+
+
+def brief(status: str) -> dict[str, str]:
+    """/healthz's answer to a caller not shown the components: the node's status alone."""
+    return {"status": status, "detail": BRIEF_DETAIL}
+
+
 async def healthz(request: web.Request) -> web.Response:
     node = request.app[NODE_KEY]
     status = node.health()
-    return web.json_response(status, status=http_status(status["status"]))
+    code = http_status(status["status"])
+    if not from_supervisor(request) and not node.tokens.shows_status(request):
+        return web.json_response(brief(status["status"]), status=code)
+    return web.json_response(status, status=code)

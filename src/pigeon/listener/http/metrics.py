@@ -1,7 +1,10 @@
 """GET /metrics: the node's Prometheus metrics in the text exposition format.
 
-Open without a token. `?cluster=1` (with a `read` token: it costs every node some work) adds
-up every node's sharing [redis], for `pigeon top --cluster`; a comment line says whose."""
+Open without a token, unless `[http] status_token_required`: then only to a `read` token bound
+to no tenant (`Tokens.status_holder`; its queue names are every tenant's), and always to the
+supervisor asking a worker over its control socket. `?cluster=1` (with a `read` token: it costs
+every node some work) adds up every node's sharing [redis], for `pigeon top --cluster`; a
+comment line says whose."""
 
 from __future__ import annotations
 
@@ -11,16 +14,20 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pigeon.listener.http.admin import cluster_wide
-from pigeon.listener.http.context import NODE_KEY
+from pigeon.listener.http.context import NODE_KEY, from_supervisor
 from pigeon.node.answers import merge_metric_answers
 
 
 async def metrics(request: web.Request) -> web.Response:
     node = request.app[NODE_KEY]
+    holder = None
+    if node.tokens.status_token_required and not from_supervisor(request):
+        # (The supervisor asks its workers for the node's sum, having checked its client itself.)
+        holder = node.tokens.status_holder(request)
     text = generate_latest(node.metrics.registry).decode()
     broadcast = node.broadcast_front
     if cluster_wide(request) and broadcast is not None:
-        operator = node.tokens.holder(request, "read")
+        operator = holder or node.tokens.holder(request, "read")
 
         async def local() -> tuple[int, Any]:
             return 200, {"text": text}

@@ -57,7 +57,8 @@ _ERRORS: Final = {
         "The token lacks the scope (field: Authorization), or it is bound to tenants ([[http.token]] tenants) and "
         "the request names another tenant's mail, or several and names none of them (field: $.tenant), or a "
         "site ($.site), or is a rebind to any queue but one of its tenants', campaign:tenant@domain or "
-        "tenant@domain ($.to_queue), or asks for what is no tenant's, the shaping effects "
+        "tenant@domain ($.to_queue), or routes mail as a domain its [[http.token]] routing_domains does not list "
+        "($.routing_domain), or asks for what is no tenant's, the shaping effects "
         "(Authorization); the error names the token and its tenants; nothing was done",
         "ErrorResponse",
     ),

@@ -11,7 +11,10 @@ endpoint such a token reaches:
   names one tenant. A site suspension, which holds every tenant's mail to the site, is 403;
   so is a rebind to any queue but one of its tenants', `campaign:tenant@domain` or
   `tenant@domain` (`confine_rebind`: a `[[queue]]` block written for another tenant's or no
-  tenant's names would take the mail, with its pool and rate);
+  tenant's names would take the mail, with its pool and rate); and so is a rebind's
+  `routing_domain` other than one the operator listed for the token (`[[http.token]]
+  routing_domains`) or "" (`confine_routing`: that domain's `[[route]]` would carry the mail,
+  with the smart host AUTH user and password it may have been written with for another customer);
 - a rule or message of another tenant is answered as absent (404, the same answer as for an
   id nothing has), so that ids cannot be probed: resume, cancel, inspect; of the messages a
   bounce, retry or hold names by id, `not_found` (not `not_selected`, queued but not selected).
@@ -40,6 +43,7 @@ request as confined there.
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import hmac
 import json
@@ -51,6 +55,7 @@ from aiohttp import web
 
 from pigeon.message import parse_id
 from pigeon.queue.names import campaign_problem, queue_name, queue_parts
+from pigeon.smtp.address import a_label
 from pigeon.smtp.address import check as address_problem
 
 _GLOB_CHARACTER: Final = re.compile(r"([*?\[])")
@@ -101,10 +106,17 @@ def no_tenant(holder: str, tenants: Collection[str], what: str) -> web.HTTPForbi
     return forbidden(text, _REFUSED_FIELD)
 
 
-def confine_selector(request: dict[str, Any], action: str, holder: str, tenants: Collection[str]) -> None:
+def confine_selector(
+    request: dict[str, Any],
+    action: str,
+    holder: str,
+    tenants: Collection[str],
+    routing_domains: Collection[str] = (),
+) -> None:
     """A write's JSON body (checked already: `admin.validate`), its selector confined to
     `tenants` in place: its tenant filled in if the token has one and the body names none;
-    otherwise refused, 403 naming the member at fault and what to send instead."""
+    otherwise refused, 403 naming the member at fault and what to send instead. A rebind's
+    `routing_domain` must be one of `routing_domains` (globs: the token's), or ""."""
     bound = describe(holder, tenants)
     if request.get("site") is not None:
         raise forbidden(
@@ -128,6 +140,35 @@ def confine_selector(request: dict[str, Any], action: str, holder: str, tenants:
     to_queue = request.get("to_queue") if action == "rebind" else None
     if isinstance(to_queue, str):
         confine_rebind(to_queue, bound, tenants)
+    routing = request.get("routing_domain") if action == "rebind" else None
+    if isinstance(routing, str):
+        confine_routing(routing, bound, routing_domains)
+
+
+def confine_routing(routing_domain: str, bound: str, allowed: Collection[str]) -> None:
+    """A rebind's `routing_domain` (a domain name: `admin.validate` checked it) as a token bound
+    to tenants (`bound`: `describe`'s words) may give it, or 403 naming `$.routing_domain`.
+
+    Mail rebound to be routed as a domain takes that domain's `[[route]]`, its next hop, TLS and
+    the smart host's AUTH user and password, and its `[[shaping]]`: what an operator writes for
+    one customer (`globex-relay.test`, routed through globex's account at a relay) would carry
+    another's mail. Nothing in a route says whose it is, so a bound token may name only the
+    domains the operator listed for it (`allowed`: `[[http.token]] routing_domains`, globs
+    normalised as the config's are), or "" (routed by its recipients' own domains again, as the
+    mail was before anyone rebound it)."""
+    if not routing_domain:
+        return
+    domain = a_label(routing_domain.lower().removesuffix("."))  # (read as the globs were: `domain_glob`)
+    if any(fnmatch.fnmatchcase(domain, glob) for glob in allowed):
+        return
+    listed = f"it allows {', '.join(sorted(allowed))}" if allowed else "it allows none"
+    raise forbidden(
+        f"{bound}: routing_domain {routing_domain[:60]!r} is not one the operator allows it ([[http.token]] "
+        f"routing_domains: {listed}): mail routed as a domain goes by that domain's [[route]] (its next hop and "
+        "the smart host account it authenticates as) and [[shaping]], which may be another customer's; leave "
+        'routing_domain out, or give "" to route the mail by its recipients\' own domains',
+        "$.routing_domain",
+    )
 
 
 def confine_rebind(to_queue: str, bound: str, tenants: Collection[str]) -> None:
