@@ -114,6 +114,18 @@ class Recipient(msgspec.Struct, array_like=True, omit_defaults=True):
         return a_label(domain) if at else ""
 
 
+class AfterAttempt(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
+    """What an operator asked of a message while an attempt of it was on the wire (`pigeon hold
+    --id`, `pigeon bounce`): `kind` "hold" or "bounce", with their reason and name. Applied to
+    what that attempt leaves when it ends; an attempt that never ends (a stop cut it before its
+    content went, a crash) leaves it in the row, and it is applied as the row is loaded again,
+    before any other attempt (`pigeon.queue.scheduler`)."""
+
+    kind: str
+    reason: str = ""
+    operator: str = ""
+
+
 class Envelope(msgspec.Struct, array_like=True, omit_defaults=True):
     """Who the message is from and to, and how it arrived."""
 
@@ -162,6 +174,10 @@ class Envelope(msgspec.Struct, array_like=True, omit_defaults=True):
     # `[[inbound]]` mail does: held mail does not expire while held, and once released it is as
     # old as it is (past `max_age`, it expires at its next turn, with the usual DSN).
     hold_operator: str | None = None
+    # An operator's hold or bounce given while an attempt was on the wire, committed before the
+    # operator is answered: whatever ends that attempt (its outcome, a stop, a crash), what it does
+    # not deliver is held or bounced, never tried again. Cleared by the outcome that applies it.
+    after_attempt: AfterAttempt | None = None
 
     def __post_init__(self) -> None:
         # Spools written before `target` existed said "inbound:<target>" as the routing domain.

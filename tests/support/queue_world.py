@@ -218,6 +218,14 @@ class MemorySpool:
 
         return apply
 
+    def rewrite_envelope(self, spool_id: int, envelope: Envelope, *, attempts: int) -> asyncio.Future[None]:
+        def apply() -> None:
+            row = self.rows.get(spool_id)
+            if row is not None and row.attempts == attempts:
+                row.envelope = _ENCODER.encode(envelope)
+
+        return self._world.commit(f"mark {spool_id:x}", apply, message=spool_id)
+
     def make_due(self, ids: Sequence[int], due: float) -> asyncio.Future[None]:
         def apply() -> None:
             for spool_id in ids:
@@ -420,6 +428,8 @@ class World:
     opened: list[str] = field(default_factory=list)
     """The site of every `FakeAgent` opened (a connection, to the dispatcher)."""
     steps: int = 0
+    landed: list[int] = field(default_factory=list)
+    """The outbox seqs of the records of every commit that landed."""
     failing_notices: int = 0
     """How many of the next DSN stores fail."""
     failing_commits: int = 0
@@ -491,7 +501,9 @@ class World:
         return future
 
     def outbox_landed(self, records: Sequence[tuple[int, bytes]]) -> None:
-        pass  # records reach the log when the commit is answered (Records.committed)
+        # Records reach the log when the commit is answered (Records.committed); those of a
+        # commit that landed and was not answered are logged at the next start (`restarted`).
+        self.landed.extend(seq for seq, _ in records)
 
     def _notify(self, message: Message, failures: list[Failure], settles: Settling) -> asyncio.Future[object]:
         """A DSN: written (a "dsn" completion: the report built, maybe signed), then stored
@@ -657,6 +669,28 @@ class World:
                     raise AssertionError(f"messages stuck in memory: {list(self.active)}")
             del step
         raise AssertionError(f"not drained after {max_steps} steps: {self.pending} {list(self.active)}")
+
+    async def restarted(self, sites: dict[str, str], *, stop: bool) -> World:
+        """This world's node stopped (`stop`: SIGTERM, which commits what it submitted, and
+        cuts the attempts on the wire before their content went, reporting none) or died
+        (kill -9: whatever had not landed is lost), then started again over the same spool: a
+        new engine, its records those that were logged plus those of commits that landed
+        unanswered (the outbox's, logged at start; notes such as `AdminHold` are lost so, as
+        the README says). What the servers saw stays seen. The new world has loaded nothing."""
+        if stop:
+            while landing := [p for p in self.pending if p.kind in ("land", "answer")]:
+                await self.release(min(landing, key=lambda p: p.order))
+        await self.close()  # (the cut attempts report nothing: `FakeAgent.final`)
+        self.pending.clear()
+        replayed = [self.records._sealed.pop(seq) for seq in self.landed if seq in self.records._sealed]
+        after = World(
+            clock=self.clock, dsn=self.dsn, retry_interval=self.retry_interval, max_age=self.max_age, answer=self.answer
+        )
+        after.spool.rows, after.spool.bodies, after.spool.refs = self.spool.rows, self.spool.bodies, self.spool.refs
+        after.spool.saved_rules = self.spool.saved_rules
+        after.records.log = [*self.records.log, *replayed]
+        after.attempted, after.notices, after.reported = list(self.attempted), list(self.notices), list(self.reported)
+        return after.build(sites)
 
     async def close(self) -> None:
         await self.dispatcher.drain(0)

@@ -13,6 +13,7 @@ import pytest
 from pigeon.message import (
     ENVELOPE_DECODER,
     ENVELOPE_ENCODER,
+    AfterAttempt,
     Envelope,
     IdGenerator,
     Recipient,
@@ -97,3 +98,26 @@ def test_an_envelope_marked_delay_warned_is_read_by_the_layout_before_the_mark()
     unmarked = msgspec.msgpack.encode(before("a@example.org", [Recipient("b@example.net")]))
     assert ENVELOPE_DECODER.decode(unmarked).delay_warned is None
     assert ENVELOPE_DECODER.decode(ENVELOPE_ENCODER.encode(marked)).delay_warned == 5.0
+
+
+def test_an_envelope_marked_after_attempt_is_read_by_the_layout_before_the_mark() -> None:
+    """Going back to the Pigeon before `after_attempt`: it reads a row a newer one marked (the
+    mark is the last element, which it ignores: it attempts the message again), and a row
+    without the mark reads as unmarked."""
+    hints = typing.get_type_hints(Envelope)
+    earlier = Envelope.__struct_fields__[: Envelope.__struct_fields__.index("after_attempt")]
+    fields = [(f, hints[f], getattr(Envelope(sender="", recipients=[]), f))
+              for f in earlier if f not in ("sender", "recipients")]  # fmt: skip
+    before = msgspec.defstruct(
+        "Before",
+        [("sender", str), ("recipients", list[Recipient]), *fields],
+        array_like=True,
+        omit_defaults=True,
+    )
+    mark = AfterAttempt("hold", "a loop?", "ops")
+    marked = Envelope("a@example.org", [Recipient("b@example.net")], hold_operator="ops", after_attempt=mark)
+    read = msgspec.msgpack.decode(ENVELOPE_ENCODER.encode(marked), type=before)
+    assert (read.sender, read.hold_operator) == ("a@example.org", "ops")  # type: ignore[attr-defined]
+    unmarked = msgspec.msgpack.encode(before("a@example.org", [Recipient("b@example.net")]))
+    assert ENVELOPE_DECODER.decode(unmarked).after_attempt is None
+    assert ENVELOPE_DECODER.decode(ENVELOPE_ENCODER.encode(marked)).after_attempt == mark

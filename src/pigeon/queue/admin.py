@@ -26,7 +26,11 @@ that mail goes to its application's target, never to another queue or route, as 
 own queue and target whatever a policy hook answers (`Changes(queue=, route=)`, `Reroute`).
 
 "The rest": what that attempt does not deliver ends with `AdminBounce` instead of a retry, or is
-moved and due at once, when the attempt ends.
+moved and due at once, when the attempt ends. A bounce or a hold of a message being sent is
+committed to its row before the operator is answered (`Settlement.after_attempt`): an attempt
+that never ends (a stop cuts it before its content went, a crash) leaves the row to be bounced or
+held as it is loaded again, not attempted. (A rebind's mark is the process's alone: after a
+crash, the message is attempted again where it was.)
 
 Claiming a message (putting it into the active set) is what keeps the scheduler from loading
 it meanwhile; acting moves it to `settling` through `queue.settlement`, so a route lookup or a
@@ -261,9 +265,8 @@ class Admin:
                 return _Done.IGNORED, None
             recipients = len(entry.message.envelope.recipients)
             if entry.state is State.IN_FLIGHT and entry.started:
-                entry.admin_bounce = mark
                 became[entry.id] = ("after_attempt", recipients)
-                return _Done.MARKED, None
+                return _Done.MARKED, self._settlement.after_attempt(entry, "bounce", mark)
             became[entry.id] = ("bounced", recipients)
             return _Done.ACTED, self._settlement.admin_bounce(entry, mark)
 
@@ -311,9 +314,8 @@ class Admin:
         def act(entry: Entry) -> tuple[_Done, asyncio.Future[None] | None]:
             recipients = len(entry.message.envelope.recipients)
             if entry.state is State.IN_FLIGHT and entry.started:
-                entry.admin_hold = mark
                 became[entry.id] = ("after_attempt", recipients)
-                return _Done.MARKED, None
+                return _Done.MARKED, self._settlement.after_attempt(entry, "hold", mark)
             became[entry.id] = ("held", recipients)
             return _Done.ACTED, self._settlement.hold(entry, mark)
 
@@ -403,8 +405,7 @@ class Admin:
 
         def act(entry: Entry) -> tuple[_Done, asyncio.Future[None] | None]:
             if entry.state is State.IN_FLIGHT and entry.started:
-                entry.admin_bounce = mark
-                return _Done.MARKED, None
+                return _Done.MARKED, self._settlement.after_attempt(entry, "bounce", mark)
             return _Done.ACTED, self._settlement.admin_bounce(entry, mark)
 
         bounced, after_attempt = await self._walk(rule.selector, act, "bounce", rule.id, claim=True, leave=leave)

@@ -16,6 +16,11 @@ spool: an operator waits for the commit and acts on the row it left. After `kill
 terminal record is either committed (and logged at the next start, if it had not been) or not
 committed at all (and the attempt is made again): each recipient gets exactly one.
 
+An operator's hold or bounce of a message whose attempt is on the wire is applied by that
+attempt's outcome, to what it leaves; it is written to the message's row first
+(`after_attempt`), ahead of that outcome in the shard's commit order, so that an attempt that
+never ends (a stop, a crash) leaves the row to be held or bounced when it is loaded again.
+
 Results come back with the `Lease` their work started with (`report`, `unroutable`); a stale
 lease (someone moved the message meanwhile) means the result is dropped and counted.
 
@@ -67,7 +72,7 @@ from pigeon.logs.records import (
     Response,
     TransientFailure,
 )
-from pigeon.message import HELD, Envelope, Message, Recipient, format_id
+from pigeon.message import HELD, AfterAttempt, Envelope, Message, Recipient, format_id
 from pigeon.metrics import Counts
 from pigeon.queue.attempt import Attempt, Unroutable
 from pigeon.queue.policy import InboundFailures, QueuePolicies, QueuePolicy
@@ -148,9 +153,28 @@ class _Outcome:
 
 def held_envelope(envelope: Envelope, mark: AdminMark) -> Envelope:
     """`envelope` as an operator's hold leaves it: held (`Envelope.held`: who held it and why,
-    as `pigeon inspect` and `pigeon queue list` show it), by that operator (`hold_operator`)."""
+    as `pigeon inspect` and `pigeon queue list` show it), by that operator (`hold_operator`).
+    A hold asked while an attempt was on the wire is done with (`after_attempt`); a bounce so
+    asked stays, and ends the message once it is released."""
     why = f"held by operator {mark.operator!r}" + (f": {mark.reason}" if mark.reason else "")
-    return msgspec.structs.replace(envelope, held=why, hold_operator=mark.operator)
+    pending = envelope.after_attempt
+    after = pending if pending is not None and pending.kind == "bounce" else None
+    return msgspec.structs.replace(envelope, held=why, hold_operator=mark.operator, after_attempt=after)
+
+
+def marks_after_attempt(entry: Entry) -> tuple[AdminMark | None, AdminMark | None]:
+    """The bounce and the hold an operator asked of `entry` while an attempt of it was on the
+    wire: this process's (`Entry.admin_bounce`, `admin_hold`), else the one its row carries
+    (`Envelope.after_attempt`, asked before a stop or a crash)."""
+    bounce, hold = entry.admin_bounce, entry.admin_hold
+    pending = entry.message.envelope.after_attempt
+    if pending is not None:
+        mark = AdminMark(pending.reason, pending.operator)
+        if pending.kind == "bounce":
+            bounce = bounce or mark
+        else:
+            hold = hold or mark
+    return bounce, hold
 
 
 def _no_route(address: str) -> InboundFailures | None:
@@ -278,6 +302,48 @@ class Settlement:
         self._commit(outcome)
         return self._active.settled(entry)
 
+    def after_attempt(self, entry: Entry, kind: str, mark: AdminMark) -> asyncio.Future[None]:
+        """An operator held (`kind` "hold") or bounced ("bounce") a message whose attempt is on
+        the wire: what that attempt does not deliver is held (`AdminHold`) or bounced
+        (`AdminBounce`) when it ends. The mark goes into the message's row now
+        (`Envelope.after_attempt`), so that an attempt a stop cuts short, or a crash, leaves
+        the row to be held or bounced as it is loaded again, never attempted (a bounce asked
+        already stays: it ends the message, a hold adds nothing to it). The future resolves
+        once the mark is durable, or the attempt's outcome, which applies it, is: the operator
+        is answered then. A write that fails is tried again while the attempt is on the wire."""
+        if kind == "bounce":
+            entry.admin_bounce = mark
+        else:
+            entry.admin_hold = mark
+        message = entry.message
+        pending = message.envelope.after_attempt
+        if pending is None or pending.kind != "bounce":
+            written = AfterAttempt(kind, mark.reason, mark.operator)
+            message.envelope = msgspec.structs.replace(message.envelope, after_attempt=written)
+        durable: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # (An outcome of the attempt made durable first applied the mark: answered then too.)
+        self._active.settled(entry).add_done_callback(functools.partial(_resolve, durable))
+        self._write_mark(entry, durable)
+        return durable
+
+    def _write_mark(self, entry: Entry, durable: asyncio.Future[None]) -> None:
+        if durable.done() or not entry.active or entry.state is not State.IN_FLIGHT:
+            return  # settling (or settled): its outcome writes what the mark asks
+        message = entry.message
+        spool = self._spools.of(message.id)
+        written = spool.rewrite_envelope(message.id, message.envelope, attempts=message.attempts)
+        written.add_done_callback(functools.partial(self._mark_written, entry, durable))
+
+    def _mark_written(self, entry: Entry, durable: asyncio.Future[None], written: asyncio.Future[None]) -> None:
+        if written.cancelled():
+            return  # shutting down: committed or not, the next start finds the row consistent
+        error = written.exception()
+        if error is None:
+            _resolve(durable, written)
+            return
+        _log.error("message %s: operator's mark not written (%s); will try again", format_id(entry.id), error)
+        asyncio.get_running_loop().call_later(_RETRY_WRITE, self._write_mark, entry, durable)
+
     def defer(
         self,
         entry: Entry,
@@ -359,7 +425,7 @@ class Settlement:
                         outcome.failures.append(failure)
             else:
                 deferred.append((recipient, reply, index))
-        mark = entry.admin_bounce
+        mark, on_hold = marks_after_attempt(entry)
         if mark is not None and (deferred or outcome.held):
             # An operator bounced it while this attempt was on the wire: what did not get
             # through now ends here instead of being retried or held. Each record keeps what
@@ -375,7 +441,7 @@ class Settlement:
         elif mark is not None:
             _log.info("admin bounce by %s: message %s was settled by the attempt under way (its records say "
                       "how), not bounced", mark.operator, format_id(message.id))  # fmt: skip
-        on_hold = entry.admin_hold if mark is None else None  # (a bounce asked too ends it: nothing to hold)
+        on_hold = on_hold if mark is None else None  # (a bounce asked too ends it: nothing to hold)
         if on_hold is not None and not deferred:
             _log.info("admin hold by %s: message %s was settled by the attempt under way (its records say "
                       "how), not held", on_hold.operator, format_id(message.id))  # fmt: skip
@@ -446,6 +512,9 @@ class Settlement:
                     )
                     outcome.transient.append(transient)
         self._keep_held(outcome)
+        if outcome.remaining is not None and outcome.remaining.after_attempt is not None:
+            # This outcome applied what an operator asked while the attempt was on the wire.
+            outcome.remaining = msgspec.structs.replace(outcome.remaining, after_attempt=None)
         self._write(outcome, policy.dsn)
         return outcome
 
@@ -727,6 +796,11 @@ class Settlement:
             "tenant": message.envelope.tenant,
             "campaign": message.envelope.campaign,
         }
+
+
+def _resolve(future: asyncio.Future[None], done: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _terminal_state(records: list[Terminal]) -> State:

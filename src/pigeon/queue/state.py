@@ -103,8 +103,9 @@ class Lease(NamedTuple):
 class AdminMark:
     """An operator bounced (or held) a message while its attempt was on the wire: what that
     attempt does not deliver ends with `AdminBounce` instead of being retried (or is held, with
-    `AdminHold`: `Entry.admin_hold`). Also what an operator's hold of a message not being sent
-    is made with (`Settlement.hold`)."""
+    `AdminHold`: `Entry.admin_hold`); its row carries it too (`Envelope.after_attempt`), so a
+    stop or a crash before the attempt ends does not lose it. Also what an operator's hold of a
+    message not being sent is made with (`Settlement.hold`)."""
 
     reason: str
     operator: str

@@ -181,6 +181,11 @@ class Spool(Protocol):
     ) -> asyncio.Future[None]:
         """Record an outcome with its terminal records: the row updated, or removed (None)."""
 
+    def rewrite_envelope(self, spool_id: int, envelope: Envelope, *, attempts: int) -> asyncio.Future[None]:
+        """Store `envelope` as this message's, if its row is still the one its attempt under way
+        was taken from (`attempts` as it was then): an outcome of that attempt that committed
+        first is what holds. Nothing else in the row changes."""
+
     # --- operators -------------------------------------------------------------------------
     def scan(self, after: int, limit: int) -> list[Message]:
         """Messages in id order, strictly after `after`."""

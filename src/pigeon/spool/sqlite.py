@@ -593,6 +593,12 @@ class SqliteSpool:
             message.id, message.body_id, outcome.attempts, outcome.due, envelope, outcome.records, outcome.queue
         )
 
+    def rewrite_envelope(self, spool_id: int, envelope: Envelope, *, attempts: int) -> asyncio.Future[None]:
+        """Store `envelope` as the message's, unless an outcome moved its attempts on since
+        (`Spool.rewrite_envelope`). Committed in order with the shard's other writes: an
+        outcome submitted after this lands after it, over it."""
+        return self._committer.submit(_RewriteEnvelope(spool_id, ENVELOPE_ENCODER.encode(envelope), attempts))
+
     def scan(self, after: int, limit: int) -> list[Message]:
         """Messages in id order, strictly after `after` (bulk admin operations walk with it)."""
         return self._messages("WHERE m.id > ? ORDER BY m.id LIMIT ?", (after, limit))
@@ -1157,6 +1163,25 @@ class _Settle:
             )
         if self.records:
             conn.executemany(_INSERT_OUTBOX, self.records)
+
+    def prepare(self) -> None:
+        pass
+
+    def abandon(self) -> None:
+        pass
+
+
+class _RewriteEnvelope:
+    __slots__ = ("attempts", "envelope", "message_id")
+
+    def __init__(self, message_id: int, envelope: bytes, attempts: int) -> None:
+        self.message_id, self.envelope, self.attempts = message_id, envelope, attempts
+
+    def apply(self, conn: sqlite3.Connection) -> None:
+        conn.execute(
+            "UPDATE message SET envelope = ? WHERE id = ? AND attempts = ?",
+            (self.envelope, self.message_id, self.attempts),
+        )
 
     def prepare(self) -> None:
         pass

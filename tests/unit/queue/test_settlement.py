@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pigeon.logs.records import Rebind, Response
+from pigeon.message import AfterAttempt
 from pigeon.queue import settlement
 from pigeon.queue.attempt import Attempt
 from pigeon.queue.rules import Selector
@@ -238,6 +239,10 @@ async def test_an_attempt_on_the_wire_when_bounced_admin_bounces_what_it_leaves(
     await world.quiesce()
     bounce = world.bounce(D1, reason="stop")
     await world.quiesce()
+    assert bounce.result is None, "answered only once the bounce is in the message's row"
+    await world.release_all("land")
+    assert world.spool.get(spool_id).envelope.after_attempt == AfterAttempt("bounce", "stop", "op")  # type: ignore[union-attr]
+    await world.release_all("answer")
     assert bounce.result == {"bounced": 1, "after_attempt": 1, "rule": None}
     await world.release_all()
     assert sorted(kinds(world)) == [("AdminBounce", "a2@d1.test"), ("Delivery", "a1@d1.test")]

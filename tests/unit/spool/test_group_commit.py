@@ -15,9 +15,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
+import msgspec
 import pytest
 
-from pigeon.message import ENVELOPE_DECODER, Envelope, Recipient, SpoolId, format_id, id_time, parse_id
+from pigeon.message import ENVELOPE_DECODER, AfterAttempt, Envelope, Recipient, SpoolId, format_id, id_time, parse_id
 from pigeon.spool import body as body_module
 from pigeon.spool.body import Body, BodyWriter
 from pigeon.spool.commit import LINGER_AFTER
@@ -234,6 +235,28 @@ async def test_a_dsn_and_the_outcome_it_reports_commit_together_or_not_at_all(tm
         assert rows(spool.db_path, "SELECT seq FROM outbox") == [(seq_ok,)]
         assert rows(spool.db_path, "SELECT count(*) FROM body WHERE id IN (?, ?)", ok.body_id, bad_body.id) == [(0,)]
         assert spool.count == 2
+
+
+async def test_an_operators_mark_is_written_to_the_row_unless_an_outcome_moved_it_on_first(tmp_path: Path) -> None:
+    spool = SqliteSpool(tmp_path)
+    with opened(spool):
+        _, [first, second] = await store(spool, b"being sent\r\n", "example.com", "example.net")
+        mark = AfterAttempt("hold", "wait", "ops")
+        marked = msgspec.structs.replace(first.envelope, after_attempt=mark)
+        await spool.rewrite_envelope(first.id, marked, attempts=0)
+        row = spool.get(first.id)
+        assert row is not None and row.envelope.after_attempt == mark and row.attempts == 0
+        # The attempt's outcome was submitted first (and kept one recipient): the mark it
+        # applied is not written back over it.
+        message = spool.get(second.id)
+        assert message is not None
+        settled = spool.settle(message, message.envelope, attempts=1, due=5.0)
+        late = spool.rewrite_envelope(
+            second.id, msgspec.structs.replace(message.envelope, after_attempt=mark), attempts=0
+        )
+        await asyncio.gather(settled, late)
+        row = spool.get(second.id)
+        assert row is not None and row.envelope.after_attempt is None and (row.attempts, row.due) == (1, 5.0)
 
 
 # --- ids -----------------------------------------------------------------------------------
