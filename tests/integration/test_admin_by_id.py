@@ -146,6 +146,10 @@ def test_ids_that_are_none_are_refused_and_nothing_is_done(tmp_path: Path, sink:
         assert (status, answer["field"]) == (400, "$.messages")
         status, answer = _api(pigeon, "POST", "/api/v1/admin/suspend", {"messages": [queued]})
         assert (status, answer["field"]) == (400, "$.messages")
+        # One row per id given: an id given twice (in either case) is refused, not merged into one row.
+        status, answer = _api(pigeon, "POST", "/api/v1/admin/bounce", {"messages": [queued, queued.upper()]})
+        assert (status, answer["field"]) == (400, "$.messages[1]")
+        assert "given already, at messages[0]" in answer["error"]
         assert [m["id"] for m in pigeon.spool_messages()] == [queued]
         assert not pigeon.records("AdminBounce")
 

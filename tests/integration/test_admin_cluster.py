@@ -113,9 +113,10 @@ def test_a_bounce_and_a_retry_by_id_find_the_message_on_the_node_that_holds_it(
     body = {"messages": [on_b[0], on_a, "00000000000000ff"], "reason": "stuck"}
     status, answer = _api(a, "POST", "/api/v1/admin/bounce", body)
     assert status == 200, answer
+    # Each found row names the node that holds it: the one whose `pigeon inspect` shows it.
     assert answer["messages"] == [
-        {"id": on_b[0], "result": "bounced", "recipients": 1},
-        {"id": on_a, "result": "bounced", "recipients": 1},
+        {"id": on_b[0], "result": "bounced", "recipients": 1, "node": "b"},
+        {"id": on_a, "result": "bounced", "recipients": 1, "node": "a"},
         {"id": "00000000000000ff", "result": "not_found"},
     ]
     assert (answer["bounced"], answer["cluster"]["nodes"]) == (2, {"a": "done", "b": "done"})
@@ -125,7 +126,7 @@ def test_a_bounce_and_a_retry_by_id_find_the_message_on_the_node_that_holds_it(
     # Issued on b (its supervisor), for another of its own: only that one is due now.
     status, answer = _api(b, "POST", "/api/v1/admin/retry", {"messages": [on_b[1]]})
     assert status == 200, answer
-    assert answer["messages"] == [{"id": on_b[1], "result": "made_due"}] and answer["made_due"] == 1
+    assert answer["messages"] == [{"id": on_b[1], "result": "made_due", "node": "b"}] and answer["made_due"] == 1
     wait_until(lambda: [r["id"] for r in b.records("TransientFailure")].count(on_b[1]) == 2)  # tried again
     assert [r["id"] for r in b.records("TransientFailure")].count(on_b[2]) == 1  # not
     assert _queued(b) == 2
@@ -365,14 +366,70 @@ def test_the_first_operation_after_redis_restarted_reaches_every_node(
     assert answer["cluster"] == {"nodes": {"a": "done", "b": "done"}}, answer
 
 
-def test_an_operation_does_not_wait_for_a_node_that_stopped(cluster: tuple[PigeonProcess, PigeonProcess]) -> None:
+def test_an_operation_does_not_wait_for_a_node_that_stopped_but_names_it_pending(
+    cluster: tuple[PigeonProcess, PigeonProcess],
+) -> None:
     a, b = cluster
     b.stop()  # a graceful stop: its two workers say they are gone
     started = time.monotonic()
     status, answer = _api(a, "POST", "/api/v1/admin/retry", {"domain": "example.net"})
     assert status == 200, answer
-    assert answer["cluster"] == {"nodes": {"a": "done"}}, answer
+    # It reads the stream on from where it stopped when it starts: it is told, later.
+    assert answer["cluster"]["nodes"] == {"a": "done", "b": "pending"}, answer
+    assert list(answer["cluster"]["not_running"]) == ["b"]
     assert time.monotonic() - started < 5  # not the 30 s a node present but silent is waited for
+
+
+def _cli(node: PigeonProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pigeon", *args, "-c", str(node.config_path), "--token", ADMIN],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("action", ["bounce", "hold"])
+def test_an_id_write_while_the_node_holding_it_is_stopped_says_it_is_pending_there_not_missing(
+    cluster: tuple[PigeonProcess, PigeonProcess], action: str
+) -> None:
+    a, b = cluster
+    _defer(b, 1)
+    (on_b,) = {r["id"] for r in b.records("TransientFailure")}
+    b.stop()
+    said = _cli(a, action, "--id", on_b, "--reason", "b is down")
+    # Not "not found", exit 0: the operator would send it again, and b then acts on it anyway.
+    assert said.returncode == 75, (said.stdout, said.stderr)
+    lines = said.stdout.splitlines()
+    assert lines[:3] == [
+        f"{'bounced' if action == 'bounce' else 'held'} 0 messages",
+        f"  {on_b}  not found on the nodes that answered; node b is not running: applied there when it starts, "
+        "if it holds it (within [redis] late_operations)",
+        "nodes: a (done), b (pending)",
+    ]
+    assert lines[3].startswith("warning: node b is not running (stopped, or gone, at ")
+    assert "it applies it when it starts" in lines[3]
+    status, answer = _api(a, "POST", f"/api/v1/admin/{action}", {"messages": [on_b], "reason": "b is down"})
+    assert status == 200 and answer["messages"] == [{"id": on_b, "result": "pending", "pending_on": ["b"]}], answer
+    b.start()
+    record = "AdminBounce" if action == "bounce" else "AdminHold"
+    taken = wait_until(lambda: b.records(record), 30)
+    assert [(r["id"], r["reason"]) for r in taken][:1] == [(on_b, "b is down")]
+
+
+def test_a_node_asked_to_inspect_a_message_another_node_holds_points_at_the_cluster(
+    cluster: tuple[PigeonProcess, PigeonProcess],
+) -> None:
+    a, b = cluster
+    _defer(b, 1)
+    (on_b,) = {r["id"] for r in b.records("TransientFailure")}
+    held = _cli(a, "hold", "--id", on_b, "--reason", "look")
+    assert held.returncode == 0, held.stderr
+    assert held.stdout.splitlines()[1] == f"  {on_b}  node b: held (1 recipient): `pigeon retry --id` releases it"
+    inspected = _cli(a, "inspect", on_b)
+    assert inspected.returncode != 0
+    assert f"no message {on_b} here (node a); another node of the cluster may hold it" in inspected.stderr
+    assert "names the node that holds each message it finds" in inspected.stderr
+    shown = _cli(b, "inspect", on_b)
+    assert shown.returncode == 0 and "look" in shown.stdout  # the node named shows it
 
 
 def test_top_shows_the_whole_clusters_queues_and_counters(cluster: tuple[PigeonProcess, PigeonProcess]) -> None:

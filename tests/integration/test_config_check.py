@@ -124,3 +124,22 @@ def test_serve_check_warns_of_dane_trusting_a_nameserver_beyond_loopback_and_not
     config.write_text(base + 'nameservers = ["localhost:5389"]\n')
     result = pigeon_cli("serve", "--check", "-c", str(config))
     assert (result.returncode, result.stderr) == (0, "")
+
+
+def test_serve_check_warns_of_a_delay_warning_that_max_age_never_lets_fire(tmp_path: Path) -> None:
+    # Found from outside: delay_warning = "10d" with max_age = "2m" was taken silently.
+    config = tmp_path / "pigeon.toml"
+    config.write_text(
+        '[spool]\npath = "spool"\n[delivery]\nmax_age = "2m"\ndelay_warning = "10d"\n'
+        '[[queue]]\nname = "bulk:*"\nmax_age = "1h"\ndelay_warning = "4h"\n'
+        '[[queue]]\nname = "fine:*"\nmax_age = "1d"\ndelay_warning = "4h"\n'
+    )
+    result = pigeon_cli("serve", "--check", "-c", str(config))
+    assert (result.returncode, result.stdout) == (0, f"{config}: ok\n"), result.stderr  # a warning, not an error
+    assert result.stderr.splitlines() == [
+        'pigeon: warning: [delivery] delay_warning "10d" is not shorter than [delivery] max_age "2m": mail expires '
+        "before it has waited that long, so no delayed DSN is ever sent; make it shorter than max_age (or 0: none)",
+        'pigeon: warning: [[queue]] #1 (name \'bulk:*\'): delay_warning "4h" is not shorter than its max_age "1h": '
+        "its mail expires before it has waited that long, so no delayed DSN is ever sent; make it shorter than "
+        "max_age (or 0: none)",
+    ]

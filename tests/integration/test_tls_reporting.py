@@ -189,6 +189,9 @@ def test_a_mailto_report_is_queued_as_a_multipart_report_and_delivered(tmp_path:
         assert subject == f"Report Domain: example.net Submitter: sender.example Report-ID: <{report_id}>"
         text, attachment = message.get_payload()  # type: ignore[misc]
         assert text.get_content_type() == "text/plain"
+        # The text says the interval as the JSON does (it said 17:37:00Z where the JSON ends 17:36:59Z).
+        dates = reports()[0]["date-range"]
+        assert f"from {dates['start-datetime']} to {dates['end-datetime']}:" in text.get_content()
         assert attachment.get_content_type() == "application/tlsrpt+gzip"
         filename = attachment.get_filename()
         assert filename.startswith("sender.example!example.net!") and filename.endswith("!n1.json.gz")

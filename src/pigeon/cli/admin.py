@@ -238,6 +238,20 @@ def _not_selected(unmatched: Any, args: argparse.Namespace) -> str:
     return "queued, but not selected by " + (" ".join(given) or "the selector given") + ": left as it is"
 
 
+def _pending(nodes: Any, cluster: dict[str, Any]) -> str:
+    """ "not found on the nodes that answered; node b is not running: ...": an id no node that
+    answered holds, while some did not answer (it may be on one of those, which acts on it later)."""
+    names = [str(node) for node in nodes] if isinstance(nodes, list) else []
+    stopped = cluster.get("not_running") or {}
+    why = [
+        f"node {node} is not running: applied there when it starts, if it holds it"
+        if node in stopped
+        else f"node {node} did not answer in time: applied there when it gets to it, if it holds it"
+        for node in names
+    ]
+    return "; ".join(["not found on the nodes that answered", *why]) + " (within [redis] late_operations)"
+
+
 def _each_message(said: dict[str, Any], results: dict[str, str], args: argparse.Namespace) -> str:
     """What became of each message named by id (`--id`), a line each, after the headline; ""
     when none was. (Part of a format string: its braces doubled.)"""
@@ -245,12 +259,17 @@ def _each_message(said: dict[str, Any], results: dict[str, str], args: argparse.
     if not isinstance(rows, list):
         return ""
     lines = []
+    cluster: dict[str, Any] = said["cluster"] if isinstance(said.get("cluster"), dict) else {}
     for row in printable(rows):  # (an id as a node answered it: its words, not ours)
         result = str(row.get("result"))
         recipients = _COUNTED.format("{0:count recipient}", row.get("recipients") or 0)
         text = results.get(result, _NOT_FOUND if result == "not_found" else result).format(recipients=recipients)
         if result == "not_selected":
             text = _not_selected(row.get("unmatched"), args)
+        elif result == "pending":
+            text = _pending(row.get("pending_on"), cluster)
+        if row.get("node"):  # (with [redis]: the node that holds it, whose `pigeon inspect` shows it)
+            text = f"node {row['node']}: {text}"
         lines.append(f"\n  {row.get('id')}  {text}")
     return "".join(lines).replace("{", "{{").replace("}", "}}")
 
@@ -684,10 +703,17 @@ def _show_nodes(answer: Any, args: argparse.Namespace | None = None) -> dict[str
     if cluster.get("error"):
         print(f"warning: {cluster['error']}")
     left_out = _left_out(answer)
-    if left_out.get("pending"):
-        print(f"warning: {_names(left_out['pending'])} did not answer in time, and not counted above: a pending node "
-              "applies it when it comes back (a bounce of what is queued, a retry or a rebind only within [redis] "
-              "late_operations of now; see `pigeon queue operations --cluster`)")  # fmt: skip
+    stopped = cluster.get("not_running") or {}
+    late = [node for node in left_out.get("pending", []) if node not in stopped]
+    if late:
+        print(f"warning: {_names(late)} did not answer in time, and not counted above: a pending node "
+              "applies it when it comes back (a bounce of what is queued, a retry, a rebind or a hold by id only "
+              "within [redis] late_operations of now; see `pigeon queue operations --cluster`)")  # fmt: skip
+    for node, at in sorted(stopped.items()):
+        since = f" (stopped, or gone, at {_when(at)})" if isinstance(at, int | float) else ""
+        print(f"warning: node {node} is not running{since}, and not counted above: it applies it when it starts "
+              "(a bounce of what is queued, a retry, a rebind or a hold by id only within [redis] late_operations "
+              "of now)")  # fmt: skip
     if left_out.get("missing"):
         print(f"warning: {_names(left_out['missing'])} did not answer in time (down, or cut off from Redis), and "
               "not counted above: ask again once it is back")  # fmt: skip

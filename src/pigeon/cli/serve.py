@@ -213,7 +213,11 @@ def _check(args: argparse.Namespace) -> int:
         # Said, not refused: the node starts with it too (a renewal may be on its way).
         if (warning := expiry_warning(config.smtp.tls_certificate)) is not None:
             print(f"pigeon: warning: {warning}", file=sys.stderr)
+    from pigeon.config.load import unreachable_delay_warnings
     from pigeon.node.exposure import untrusted_dane_resolvers, unverified_smart_hosts
+
+    for warning in unreachable_delay_warnings(config):  # (said at start and at each reload too)
+        print(f"pigeon: warning: {warning}", file=sys.stderr)
 
     for warning in unverified_smart_hosts(config):  # (said at start and at each reload too)
         print(f"pigeon: warning: {warning}", file=sys.stderr)

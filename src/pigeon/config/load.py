@@ -896,6 +896,43 @@ def unbindable_sources(config: Config) -> list[str]:
     return found
 
 
+def unreachable_delay_warnings(config: Config) -> list[str]:
+    """A warning for `[delivery]` and each `[[queue]]` whose `delay_warning` is no shorter than
+    its `max_age` (as the queue inherits them): a message expires (Expiration, and its DSN)
+    before it has waited that long, so the "delayed" DSN is never sent. Said, not refused: the
+    file means something, only not what was meant (a unit slip, "10d" for "10m")."""
+    found = []
+    delivery = config.delivery
+    if 0 < delivery.delay_warning >= delivery.max_age:
+        found.append(
+            f"[delivery] delay_warning {_span(delivery.delay_warning)} is not shorter than [delivery] max_age "
+            f"{_span(delivery.max_age)}: mail expires before it has waited that long, so no delayed DSN is ever "
+            "sent; make it shorter than max_age (or 0: none)"
+        )
+    for index, queue in enumerate(config.queue):
+        warning = queue.delay_warning if queue.delay_warning is not None else delivery.delay_warning
+        max_age = queue.max_age if queue.max_age is not None else delivery.max_age
+        if queue.delay_warning is None and queue.max_age is None:
+            continue  # [delivery]'s pair, said above
+        if 0 < warning >= max_age:
+            whose = "" if queue.delay_warning is not None else " ([delivery]'s)"
+            age_whose = "" if queue.max_age is not None else " ([delivery]'s)"
+            found.append(
+                f"[[queue]] #{index + 1} (name {queue.name!r}): delay_warning {_span(warning)}{whose} is not shorter "
+                f"than its max_age {_span(max_age)}{age_whose}: its mail expires before it has waited that long, so "
+                "no delayed DSN is ever sent; make it shorter than max_age (or 0: none)"
+            )
+    return found
+
+
+def _span(seconds: float) -> str:
+    """A duration as the file may write it: "10d", "2h", "2m", "90s"."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f'"{int(seconds // size)}{unit}"'
+    return f'"{seconds:g}s"'
+
+
 def _unbindable(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
     """Why a socket cannot bind to `address` on this machine (None: it can). Checked at load, so
     that a typo stops the start rather than failing every connection from the source."""

@@ -321,9 +321,11 @@ class TlsReporter:
             f"TLS-Report-Submitter: {self._submitter}",
             f'Content-Type: multipart/report; report-type="tlsrpt";\r\n\tboundary="{boundary}"',
         ]
+        # The seconds it covers as its JSON's date-range says them: its last is `end - 1` (RFC 8460
+        # 4.4's example), so the reader sees one interval, not two that disagree by a second.
         text = (
             f"This is an aggregate TLS report (RFC 8460) from {self._organization} about the\r\n"
-            f"sessions to the mail servers of {domain} from {_stamp(start)} to {_stamp(end)}:\r\n"
+            f"sessions to the mail servers of {domain} from {_stamp(start)} to {_stamp(end - 1)}:\r\n"
             f"{successes} succeeded, {failures} failed. Report-ID: <{report_id}>\r\n"
         )
         parts = [

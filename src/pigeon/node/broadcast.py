@@ -101,7 +101,8 @@ from pigeon.listener.http.admin import (
     rule_change,
 )
 from pigeon.node.answers import merge_answers
-from pigeon.node.presence import PRESENCE, Namesakes, presence_key, spool_identity
+from pigeon.node.presence import PRESENCE, REMEMBERED, Namesakes, last_seen, presence_key, spool_identity
+from pigeon.queue.admin import NOT_FOUND
 from pigeon.queue.rules import Rule, describe_rule, taken_by
 
 _log = logging.getLogger(__name__)
@@ -254,9 +255,10 @@ class Broadcast:
         write = method != "GET"
         op = secrets.token_hex(8)
         expected: dict[str, int] = {}
+        stopped: dict[str, float] = {}
         now = time.time() if issued is None else issued
         try:
-            expected = await self._present()
+            expected, stopped = await self._present()
             if not write:
                 now = time.time()  # (after any wait for the nodes: a read older than a few seconds is dropped)
             change = rule_change(method, path, body, operator, now) if write else None
@@ -297,20 +299,31 @@ class Broadcast:
                 }
             return status, answer
         status, answer = await local()
+        _name_holder(answer, self.node)
         answers: list[tuple[int, Any]] = [(status, answer)]
         nodes = {self.node: "done"}
         remote, pending = await self._gather(op, expected, WRITE_WAIT if write else READ_WAIT)
         for node, replies in remote.items():
+            for _, reply in replies:
+                _name_holder(reply, node)
             answers += replies
             nodes[node] = "done"
         for node in pending:
             # A write is applied there when the node gets to it; a read's part of it is lost.
             nodes[node] = "pending" if write else "missing"
+        # A node known but stopped gets a write when it starts again (it reads the stream on
+        # from where it stopped); a read, never: reads leave it out, as they always did.
+        not_running = {node: at for node, at in stopped.items() if write and node not in remote}
+        for node in not_running:
+            nodes[node] = "pending"
         merged_status, merged = merge(answers)
         if isinstance(merged, dict):
             if write and "already" in merged:
                 merged["already"] = _already_everywhere(answers)
+            _pending_rows(merged, sorted(node for node, state in nodes.items() if state == "pending"))
             merged["cluster"] = {"nodes": nodes}
+            if not_running:
+                merged["cluster"]["not_running"] = not_running
             if method == "GET" and path.rstrip("/") in _LISTS:
                 merged["cluster"]["held_by"] = _holders({self.node: [(status, answer)], **remote})
         return merged_status, merged
@@ -461,12 +474,20 @@ class Broadcast:
             return "it has ended by itself since"
         return None
 
-    async def _present(self) -> dict[str, int]:
+    async def _present(self) -> tuple[dict[str, int], dict[str, float]]:
         """The other nodes present: node -> its workers (each answers for itself). Right after
-        Redis lost its data, once they have all had the time to say so again (`_settled`)."""
+        Redis lost its data, once they have all had the time to say so again (`_settled`).
+
+        And the nodes known but not running: node -> when it was last there (stopped, said so
+        with `leave`, or killed and its presence run out), for `REMEMBERED` after that. Not
+        waited for, but named: it reads the stream from where it stopped when it starts again,
+        and applies what was issued meanwhile (a one-off write within `[redis] late_operations`),
+        so an answer that left it out would say "not found" of a message it then bounces."""
         nodes: dict[Any, Any] = await self._settled()
         now = time.time()
         present: dict[str, int] = {}
+        stopped: dict[str, float] = {}
+        forgotten: list[Any] = []
         for origin, value in nodes.items():
             if origin.decode() == self.origin:
                 continue
@@ -476,7 +497,15 @@ class Broadcast:
                     # Two nodes of one name (refused at start, but both may have started while
                     # Redis was away): every answer is waited for and counted.
                     present[seen["node"]] = present.get(seen["node"], 0) + int(seen["workers"])
-        return present
+                elif (last := last_seen(seen)) > now - REMEMBERED:
+                    stopped[seen["node"]] = max(stopped.get(seen["node"], 0.0), last)
+                else:
+                    forgotten.append(origin)
+        if forgotten:  # (any node may tidy them up: each says the same of them)
+            with contextlib.suppress(RedisError, OSError):
+                await self._redis.hdel(self._nodes, *forgotten)
+        # A node of this name that runs (its spool moved, or this one) is not also one stopped.
+        return present, {node: at for node, at in stopped.items() if node not in present and node != self.node}
 
     async def _settled(self) -> dict[Any, Any]:
         """The presence hash, once it holds every node present: after Redis lost its data it
@@ -788,10 +817,14 @@ class Broadcast:
         """Say this node is gone (on a graceful stop, once this worker reads no more): an
         operation issued meanwhile then waits for the nodes still there, not 30 s for this one.
         Every worker of the node says it after its own last renewal, so the last one to stop wins."""
+        # Not forgotten: known, not running, since now (`_present`), so the writes issued until
+        # it starts again name it as the node that applies them then.
+        now = time.time()
+        gone = {"node": self.node, "spool": self._spool, "workers": self._workers, "expires": now, "left": now}
         # At most a second: a stop must not wait out an unreachable Redis's timeouts for this.
         with contextlib.suppress(RedisError, OSError, TimeoutError):
             async with asyncio.timeout(1.0):
-                await self._redis.hdel(self._nodes, self.origin)
+                await self._redis.hset(self._nodes, self.origin, json.dumps(gone))
 
     async def _look(self) -> bool:
         """Whether Redis still holds the cluster's rules; if not, give back those this worker
@@ -881,8 +914,13 @@ class Broadcast:
             with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
                 seen = json.loads(value)
                 expires = float(seen["expires"])
-                if origin == self.origin.encode() or expires <= lost or max(expires, settled) <= now:
-                    continue  # ran out before the loss (gone then), or since and the wait is over
+                if origin == self.origin.encode():
+                    continue
+                if expires <= lost or max(expires, settled) <= now:
+                    # Gone before the loss (or since, and the wait is over): known still, as it was.
+                    if last_seen(seen) > now - REMEMBERED:
+                        back[origin] = value
+                    continue
                 seen["expires"] = max(expires, settled)
                 back[origin] = json.dumps(seen)
         if not back:
@@ -1000,6 +1038,27 @@ def _already_everywhere(answers: list[tuple[int, Any]]) -> bool:
         if status < 400 and isinstance(answer, dict) and "already" in answer
     ]
     return bool(said) and all(said)
+
+
+def _name_holder(answer: Any, node: str) -> None:
+    """Name `node` in each row of a write by id (`messages`) of a message it holds: an operator
+    who asked one node learns which node the message is on (its `pigeon inspect`)."""
+    said = answer.get("answers", answer) if isinstance(answer, dict) else None
+    for row in said.get("messages", []) if isinstance(said, dict) else []:
+        if isinstance(row, dict) and row.get("result") != NOT_FOUND:
+            row["node"] = node
+
+
+def _pending_rows(merged: dict[str, Any], pending: list[str]) -> None:
+    """A row of a write by id that no node which answered holds is `pending` rather than
+    `not_found` while a node has not answered (`pending_on` names them): the message may be on
+    one of those, which applies the write when it gets to it (or starts again)."""
+    if not pending:
+        return
+    for row in merged.get("messages", []):
+        if isinstance(row, dict) and row.get("result") == NOT_FOUND:
+            row["result"] = "pending"
+            row["pending_on"] = pending
 
 
 def _holders(answers: dict[str, list[tuple[int, Any]]]) -> dict[str, list[str]]:

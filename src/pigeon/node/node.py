@@ -29,7 +29,7 @@ import msgspec
 from aiohttp import web
 from prometheus_client import generate_latest
 
-from pigeon.config.load import ConfigError, load, load_text, unbindable_sources
+from pigeon.config.load import ConfigError, load, load_text, unbindable_sources, unreachable_delay_warnings
 from pigeon.config.patterns import host_port
 from pigeon.config.schema import Config, InboundRouteConfig, Network, RouteConfig
 from pigeon.inbound.routes import InboundRoute, InboundRoutes
@@ -197,6 +197,8 @@ class Node:
             _warn_dead_routes(config.route)
             warn_unverified_smart_hosts(config)
             _warn_inbound_routes(config.inbound)
+            for warning in unreachable_delay_warnings(config):  # (worker 0: every worker reads the same)
+                _log.warning("%s", warning)
             if not config.delivery.enabled:
                 # Said once for the node: nothing else tells a node that only accepts from one
                 # that delivers, until mail is found waiting.
@@ -656,6 +658,8 @@ class Node:
             _warn_dead_routes(config.route)
             warn_unverified_smart_hosts(config)
             _warn_inbound_routes(config.inbound)
+            for warning in unreachable_delay_warnings(config):  # (worker 0: every worker reads the same)
+                _log.warning("%s", warning)
             _warn_unbindable_sources(config)
             self._exposure.warn_files(config, self.config_path)
         for key in changed_keys(running, config):

@@ -41,6 +41,11 @@ from pigeon.redaction import redact, redact_url
 _log = logging.getLogger(__name__)
 
 PRESENCE: Final = 10.0  # seconds a node counts as present after its last renewal
+REMEMBERED: Final = 86_400.0
+"""Seconds a node that stopped (or was killed) stays known to the cluster after it was last
+there: a write issued meanwhile names it `pending` (it applies the write when it starts again,
+reading the admin stream on from where it stopped). Past that it is forgotten, its entry removed:
+a node taken out of the cluster is not named for ever."""
 _LOOK_EVERY: Final = 0.5  # seconds between two looks at the presence hash while waiting
 
 
@@ -59,6 +64,13 @@ def spool_identity(spool: Path) -> str:
     finally:
         temporary.unlink(missing_ok=True)
     return path.read_text().strip()
+
+
+def last_seen(entry: dict[str, Any]) -> float:
+    """When a node's presence entry says it was last there: when it said it was leaving (a
+    graceful stop), else its last renewal (its entry lasts `PRESENCE` from then)."""
+    left = entry.get("left")
+    return float(left) if left is not None else float(entry["expires"]) - PRESENCE
 
 
 def presence_key(config: Config) -> str:

@@ -173,7 +173,8 @@ def test_a_tenant_or_campaign_glob_is_taken_exactly_when_the_documented_pattern_
 _ID: Final = "0382610d06800000"
 _BY_ID: Final = [
     {"messages": [_ID]},
-    {"messages": [_ID, _ID.upper()], "reason": "stuck"},
+    {"messages": [_ID, "0382610D06800001"], "reason": "stuck"},
+    {"messages": [_ID, _ID]},  # one message twice (uniqueItems; in other cases too, which no schema can say)
     {"messages": [_ID], "domain": "example.net"},
     {"messages": [_ID], "duration": "1h"},
     {"messages": [_ID], "duration": None},

@@ -156,7 +156,8 @@ MESSAGES_TEXT: Final = (
     "Message ids as Pigeon prints them (16 hex digits: the 250 reply's 'queued as', pigeon logs, pigeon "
     f"inspect), at most {MAX_MESSAGES}: only these messages, on whichever worker and node holds them, and of "
     "them only those the other members select, if any are given. Instead of a selector, or with one; the "
-    "answer says of each what became of it (messages)"
+    "answer says of each what became of it (messages), a row per id: each is given once (one given twice, in "
+    "either case, is refused: 400 naming the second)"
 )
 
 
@@ -232,7 +233,7 @@ async def inspect(request: web.Request) -> web.Response:
     found = admin.inspect(spool_id)
     if found is None or (tenants is not None and not tenancy.owns_message(tenants, found)):
         # Another tenant's message is answered as none, word for word: its id tells nothing.
-        return web.json_response({"error": f"no message {request.match_info['id']} here", "field": "id"}, status=404)
+        return content.no_message_here(request.app[NODE_KEY].config, request.match_info["id"])
     found["subject"] = content.subject(admin, spool_id)
     return web.json_response(found)
 
@@ -652,18 +653,25 @@ def _decode(path: str, body: bytes) -> Selecting:
 
 
 def _check_messages(given: list[str]) -> None:
-    """400 naming the first id of `messages` that is none (`MESSAGES_TEXT`), or an empty list."""
+    """400 naming the first id of `messages` that is none (`MESSAGES_TEXT`), or given twice, or an empty list."""
     if not given:
         raise bad_request("messages names at least one message id (or leave it out, and select by domain, ...)",
                           "$.messages")  # fmt: skip
     if len(given) > MAX_MESSAGES:
         raise bad_request(f"messages names at most {MAX_MESSAGES} ids: bounce or retry more by a selector "
                           "(hold more: suspend)", "$.messages")  # fmt: skip
+    first: dict[int, int] = {}  # spool id -> where it was first given
     for index, text in enumerate(given):
         try:
-            parse_id(text)
+            spool_id = parse_id(text)
         except ValueError as error:
             raise bad_request(f"messages[{index}]: {error}", f"$.messages[{index}]") from None
+        if spool_id in first:
+            # Refused as a member given twice is: the answer has one row per id given, and two
+            # rows of one message would say twice what was done once.
+            raise bad_request(f"messages[{index}]: {text[:40]!r} is given already, at messages[{first[spool_id]}]: "
+                              "name each message once", f"$.messages[{index}]")  # fmt: skip
+        first[spool_id] = index
 
 
 def _normalise_globs(request: Selecting) -> None:

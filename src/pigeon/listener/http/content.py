@@ -25,6 +25,7 @@ from typing import Any, BinaryIO, Final
 
 from aiohttp import web
 
+from pigeon.config.schema import Config
 from pigeon.listener.http import tenancy
 from pigeon.listener.http.context import NODE_KEY
 from pigeon.listener.http.inject import bad_request
@@ -38,6 +39,20 @@ CHUNK: Final = 64 * 1024
 SUBJECT_FROM: Final = 64 * 1024
 """The bytes of a message's start its Subject is looked for in (`subject`): a header section's
 first fields; the intake keeps as much of it for the policy (`header_section.KEPT`)."""
+
+
+def no_message_here(config: Config, given: str) -> web.Response:
+    """404 for a message this node does not hold; with [redis], pointing at the cluster: the
+    message may be on another node, which a write by id found (and named: `node`), and only
+    that node's API shows it."""
+    text = f"no message {given} here"
+    if config.redis.url is not None:
+        text += (
+            f" (node {config.node.name}); another node of the cluster may hold it: ask that node "
+            f"(`pigeon inspect {given[:16]} --url http://HOST:PORT`); a write by id (`pigeon hold|bounce|retry --id`) "
+            "names the node that holds each message it finds"
+        )
+    return web.json_response({"error": text, "field": "id"}, status=404)
 
 
 async def content(request: web.Request) -> web.StreamResponse:
@@ -72,7 +87,7 @@ async def _stored(request: web.Request, *, headers_only: bool) -> web.StreamResp
             source = admin.stored_content(spool_id)
     if source is None:
         # As `admin.inspect` answers: another tenant's message is none, word for word.
-        return web.json_response({"error": f"no message {request.match_info['id']} here", "field": "id"}, status=404)
+        return no_message_here(node.config, request.match_info["id"])
     kind = "text/rfc822-headers" if headers_only else "message/rfc822"
     if isinstance(source, bytes):
         body = header_section(source) if headers_only else source

@@ -405,7 +405,7 @@ def _tighten_admin_requests(components: dict[str, Any]) -> None:
         "none but its tenants: another rule of its tenant it sees, but a DELETE of it is 404"
     )
     for name in ("AdminRequest", "BounceRequest"):  # a bounce's or retry's messages, by id
-        ids = {"type": "array", "items": _SPOOL_ID, "minItems": 1, "maxItems": MAX_MESSAGES}
+        ids = {"type": "array", "items": _SPOOL_ID, "minItems": 1, "maxItems": MAX_MESSAGES, "uniqueItems": True}
         components[name]["properties"]["messages"] = {
             "anyOf": [ids, {"type": "null"}],
             "default": None,
@@ -418,6 +418,7 @@ def _tighten_admin_requests(components: dict[str, Any]) -> None:
         "items": _SPOOL_ID,
         "minItems": 1,
         "maxItems": MAX_MESSAGES,
+        "uniqueItems": True,
         "description": f"{MESSAGES_TEXT}. Held until released by id (POST /api/v1/admin/retry with messages)",
     }
     hold["required"] = ["messages"]
@@ -484,8 +485,18 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
     rule_or_none = {"anyOf": [_ref("Rule"), {"type": "null"}]}
 
     def by_id(results: dict[str, str], recipients: bool = False) -> dict[str, Any]:
+        results = {**results, "pending": pending}
         said = "; ".join(f"{result}: {meaning}" for result, meaning in results.items())
         members: dict[str, Any] = {"id": {"type": "string"}, "result": {"enum": list(results)}}
+        members["node"] = {
+            "type": "string",
+            "description": "With [redis]: the node that holds it ([node] name; absent of not_found and pending)",
+        }
+        members["pending_on"] = {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "Of pending: the nodes that did not answer (cluster.nodes says pending)",
+        }
         members["unmatched"] = {
             "type": "array",
             "items": {"enum": ["queue", "tenant", "campaign", "domain"]},
@@ -500,6 +511,11 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
             "description": "With messages (ids): what became of each, in the order asked, each once",
         }
 
+    pending = (
+        "with [redis], no node that answered holds it, and a node of the cluster did not answer (pending_on: "
+        "not running, or not in time): it may hold it, and then applies this when it gets to it, or starts again "
+        "(a one-off write within [redis] late_operations)"
+    )
     not_found = (
         "no worker or node that answered holds it: delivered, bounced or expired already, or no such message "
         "(or, to a token bound to tenants, another tenant's)"

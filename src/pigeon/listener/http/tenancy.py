@@ -268,7 +268,11 @@ def confined_answer(action: str, answer: Any, tenants: Collection[str]) -> Any:
                 f"id {str(held.get('id'))[:64]!r} names a rule already: leave id out (one is made), or give another"
             )
     if action in ("bounce", "retry", "hold") and isinstance(answer.get("messages"), list):
-        answer["messages"] = [_message_row(row) for row in answer["messages"]]
+        # While a node of the cluster has not answered, a row nothing found is `pending`, naming
+        # it: another tenant's is said alike, so the two are not told apart.
+        nodes = answer.get("cluster", {}).get("nodes") if isinstance(answer.get("cluster"), dict) else None
+        pending = sorted(node for node, state in nodes.items() if state == "pending") if isinstance(nodes, dict) else []
+        answer["messages"] = [_message_row(row, pending) for row in answer["messages"]]
     if action == "queues":
         if "scheduled" in answer:
             answer["scheduled"] = [
@@ -295,11 +299,14 @@ def confined_answer(action: str, answer: Any, tenants: Collection[str]) -> Any:
     return answer
 
 
-def _message_row(row: Any) -> Any:
+def _message_row(row: Any, pending: list[str]) -> Any:
     """A write's row for a message named by id, as a token bound to tenants sees it: one its
     selector's `tenant` (one of the token's tenants: `confine_selector`) does not match is
-    another tenant's mail, answered as one nothing holds, not as queued but not selected."""
+    another tenant's mail, answered as one nothing holds, not as queued but not selected (nor
+    on which node: `pending`, a row nothing found while a node had not answered, says it alike)."""
     if isinstance(row, dict) and row.get("result") == "not_selected" and "tenant" in row.get("unmatched", ()):
+        if pending:
+            return {"id": row.get("id"), "result": "pending", "pending_on": pending}
         return {"id": row.get("id"), "result": "not_found"}
     return row
 
