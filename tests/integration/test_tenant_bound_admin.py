@@ -136,6 +136,15 @@ def test_a_token_bound_to_a_tenant_reads_and_acts_on_that_tenants_mail_alone(
         status, refused = _api(node, "POST", "/api/v1/admin/bounce", {"domain": "tb.test"}, DUO)
         assert (status, refused["field"]) == (403, "$.tenant"), refused
         assert "bound to tenants acme, beta: name one of them in tenant" in refused["error"]
+        # A body that is refused is refused whole, whoever checks it first: an id that is no id
+        # was made one of the binding's own ids before it was checked (200 with 2 workers).
+        for refused_body, field in (
+            ({"domain": "*", "id": "not an id"}, "$.id"),
+            ({"tenant": "globex", "id": 5}, "$.id"),
+            ({"tenant": "globex", "via": "curl"}, "$.via"),
+        ):
+            status, refused = _api(node, "POST", "/api/v1/admin/bounce", {**refused_body, "reason": "x"})
+            assert (status, refused["field"]) == (400, field), refused
         # The operator's suspension is none to it: not resumed, and answered as an unknown id.
         assert _api(node, "DELETE", f"/api/v1/admin/suspend/{theirs}") == (
             404,
@@ -211,6 +220,11 @@ def test_a_token_bound_to_a_tenant_gets_the_same_refusals_through_the_pigeon_com
         assert done.stdout == "resumed: 0 messages due now; 1 message left held by another suspension " \
             "(`pigeon suspend --list`)\n"  # fmt: skip
         assert theirs not in done.stdout
+        # Nor can it move the mail out from under it: left in place, and said so (not which).
+        done = pigeon("rebind", "--domain", "tb.test", "--to-queue", "x:acme@tb.test")
+        assert done.returncode == 0, done
+        assert done.stdout == "rebound 0 messages (0 once their attempt under way ends); 1 message left in place, " \
+            "held by a suspension or standing bounce this token cannot end (`pigeon suspend --list`)\n"  # fmt: skip
         assert _api(node, "DELETE", f"/api/v1/admin/suspend/{theirs}", token=OPS)[0] == 200
         done = pigeon("bounce", "--domain", "tb.test", "--reason", "acme's")
         assert done.returncode == 0, done
@@ -644,3 +658,105 @@ def test_a_token_bound_to_a_tenant_cannot_reach_another_node_unconfined_by_a_via
     time.sleep(2)
     assert not _bounced(a) & set(globex)
     assert set(globex) <= {row["id"] for row in a.spool_messages()}
+
+
+@pytest.mark.parametrize(("held_by", "workers"), [({"queue": "c1:acme@tb.test"}, 1), ({"campaign": "c1"}, 2)])
+def test_a_token_bound_to_a_tenant_cannot_rebind_its_mail_out_from_under_the_operators_suspension(
+    tmp_path: Path, sink: ScriptedSink, held_by: dict[str, str], workers: int
+) -> None:
+    """Selectors match a message's queue as it is now: moved within its own tenant, acme's mail
+    left the operator's suspension of its queue (or campaign) behind (`suspended_by` null) and
+    was delivered. It is left where it is, held, and the answer counts it."""
+    with _node(tmp_path / "node", sink, node={"workers": workers}) as node:
+        status, held = _api(node, "POST", "/api/v1/admin/suspend", {**held_by, "reason": "ABUSE"}, OPS)
+        assert status == 200, held
+        theirs = held["rule"]["id"]
+        status, answer = node.http_post(
+            "/api/v1/inject",
+            {
+                "envelope_sender": "app@example.org",
+                "tenant": "acme",
+                "campaign": "c1",
+                "template": False,
+                "content": "From: app@example.org\r\nSubject: held\r\n\r\nhello\r\n",
+                "recipients": [{"email": "ok@tb.test"}],
+            },
+            node.local_token,
+        )
+        assert (status, answer["accepted"]) == (200, 1), answer
+        spool_id = answer["recipients"][0]["id"]
+        wait_until(lambda: _suspended_by(node, spool_id) == theirs, 30)
+
+        # Its own suspension beside the operator's changes nothing: the operator's holds.
+        status, own = _api(node, "POST", "/api/v1/admin/suspend", {"campaign": "c1", "reason": "mine"})
+        assert status == 200, own
+        for to_queue in ("x:acme@tb.test", "acme@tb.test"):
+            status, rebound = _api(node, "POST", "/api/v1/admin/rebind", {"domain": "*", "to_queue": to_queue})
+            assert status == 200, rebound
+            assert (rebound["rebound"], rebound["held_left"]) == (0, 1), rebound
+            assert theirs not in json.dumps(rebound)
+        status, message = _api(node, "GET", f"/api/v1/messages/{spool_id}", token=OPS)
+        assert (message["queue"], message["suspended_by"]) == ("c1:acme@tb.test", theirs), message
+        assert sink.after(3) == []
+        assert not node.records("Delivery")
+
+        # Once the operator resumes its own, the token's rebind moves what only its own holds.
+        status, resumed = _api(node, "DELETE", f"/api/v1/admin/suspend/{theirs}", token=OPS)
+        assert (status, resumed["cancelled"]) == (200, True), resumed
+        status, rebound = _api(node, "POST", "/api/v1/admin/rebind", {"domain": "*", "to_queue": "x:acme@tb.test"})
+        assert (status, rebound["rebound"], rebound["held_left"]) == (200, 1, 0), rebound
+        sink.wait_for(1, 30)
+        assert [r["queue"] for r in node.wait_records("Delivery")] == ["x:acme@tb.test"]
+
+
+def test_a_node_confines_a_bound_tokens_write_it_reads_from_the_cluster_or_refuses_it(
+    cluster: tuple[PigeonProcess, PigeonProcess], redis_server: RedisServer
+) -> None:
+    """Every node carried out what the stream told it as it was: a bound token's write was only
+    as confined as the node asked made it (a step there that made an invalid body valid after
+    its check sent acme's bounce of globex's mail to the other nodes unconfined). Each node now
+    confines such a write itself, or refuses it: here, entries written to the stream as no node
+    would write them, unconfined, under acme's token."""
+    a, b = cluster
+    globex = [spool_id for node in cluster for spool_id in _inject(node, "globex")]
+    (acme,) = _inject(a, "acme")
+    status, held = _api(b, "POST", "/api/v1/admin/suspend", {"tenant": "acme", "domain": "yy.test"}, OPS)
+    assert status == 200, held
+    theirs = held["rule"]["id"]
+    forged = [
+        # Its tenant left out (bound_to says whose it is): confined here to acme's mail.
+        ("POST", "/api/v1/admin/bounce", {"domain": "*", "reason": "forged", "via": "api", "bound_to": ["acme"]}),
+        # Another tenant's: refused.
+        ("POST", "/api/v1/admin/bounce", {"tenant": "globex", "reason": "forged", "via": "api", "bound_to": ["acme"]}),
+        # No bound_to, but the token is acme's on this node too: refused ...
+        ("POST", "/api/v1/admin/bounce", {"tenant": "globex", "reason": "forged", "via": "api"}),
+        # ... and so is a bound_to that names no tenants (400: it is no list of them).
+        ("POST", "/api/v1/admin/bounce", {"tenant": "globex", "reason": "forged", "via": "api", "bound_to": "x"}),
+        # The operator's suspension of acme's mail, out of the token's reach: as if there were none.
+        ("DELETE", f"/api/v1/admin/suspend/{theirs}", None),
+    ]
+    client = redis_server.client()
+    answers = []
+    try:
+        for n, (method, path, body) in enumerate(forged):
+            op = f"forged{n}"
+            fields = {"op": op, "origin": "0" * 16, "node": "forged", "method": method, "path": path}
+            fields |= {"body": json.dumps({**body, "id": f"forged{n}"}) if body else "", "operator": "acme-admin"}
+            client.xadd("pigeon:admin:stream", {**fields, "time": repr(time.time())})
+            # One answer from each worker of each node (a: 1, b: 2).
+            key = f"pigeon:admin:answers:{op}"
+            replies = wait_until(lambda key=key: len(got := client.lrange(key, 0, -1)) == 3 and got)
+            said = [json.loads(reply) for reply in replies]
+            answers.append(sorted((r["node"], r["status"], r["answer"].get("field")) for r in said))
+    finally:
+        client.close()
+    assert answers[0] == [("a", 200, None), ("b", 200, None), ("b", 200, None)]
+    for refused in answers[1:3]:
+        assert refused == [("a", 403, "$.tenant"), ("b", 403, "$.tenant"), ("b", 403, "$.tenant")], answers
+    assert answers[3] == [("a", 400, "$.bound_to"), ("b", 400, "$.bound_to"), ("b", 400, "$.bound_to")], answers
+    assert answers[4] == [("a", 404, "id"), ("b", 404, "id"), ("b", 404, "id")], answers
+    wait_until(lambda: acme in _bounced(a))
+    for node in cluster:
+        assert not _bounced(node) & set(globex)
+        assert [r["id"] for r in _api(node, "GET", "/api/v1/admin/suspend", token=OPS)[1]["rules"]] == [theirs]
+    assert set(globex) <= {row["id"] for node in cluster for row in node.spool_messages()}

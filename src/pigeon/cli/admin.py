@@ -390,6 +390,10 @@ def _rebind(args: argparse.Namespace) -> int:
     text = "rebound {rebound:count message} ({after_attempt} once their attempt under way ends)"
     if _said_by_workers(status, answer).get("inbound_left"):
         text += "; {inbound_left:count message} of [[inbound]] routes left as they are: they go to their target"
+    if _said_by_workers(status, answer).get("held_left"):
+        # (a token bound to tenants: the operator's suspension or standing bounce, not named)
+        text += "; {held_left:count message} left in place, held by a suspension or standing bounce this token " \
+            "cannot end (`pigeon suspend --list`)"  # fmt: skip
     return _show(args, status, answer, text)
 
 

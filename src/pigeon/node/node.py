@@ -37,7 +37,7 @@ from pigeon.intake import Intake
 from pigeon.listener.auth_throttle import AuthLimits, AuthThrottle
 from pigeon.listener.client_table import ClientTable, client_table_path
 from pigeon.listener.connection_limits import ClientConnections, LocalConnections, SharedConnections
-from pigeon.listener.http.admin import perform, refusal_answer
+from pigeon.listener.http.admin import confine_received, perform, refusal_answer
 from pigeon.listener.http.app import HttpListener
 from pigeon.listener.http.auth import Tokens
 from pigeon.listener.http.connections import ConnectionLimits
@@ -721,6 +721,16 @@ class Node:
         if admin is None:
             return 503, {"error": f"delivery is disabled on node {self.config.node.name}"}
         try:
+            # A bound token's write is confined here too, or refused: never carried out unconfined.
+            body = confine_received(
+                method,
+                path,
+                body,
+                operator,
+                self.tokens.binding(operator),
+                admin.rule,
+                self.tokens.routing_domains(operator),
+            )
             return await perform(admin, method, path, body, operator, issued=issued)
         except web.HTTPException as refusal:
             return refusal_answer(refusal)

@@ -1182,16 +1182,20 @@ class Supervisor:
     def _confined(self, request: web.Request, body: bytes, holder: str, tenants: frozenset[str] | None) -> bytes:
         """An admin write of a token bound to `tenants` confined to them (`admin.confine`), here,
         before any worker or node is told, and before the rule it makes is numbered: every
-        worker and node then makes the same rule from the same body. What a worker would refuse
-        anyway (no scope, a malformed body) is passed on as it is, for each to refuse: `body` is
-        the one they are told (its id and `via` set), so that what is refused here is refused there."""
+        worker and node then makes the same rule from the same body (`body`, its id, `via` and
+        `bound_to` set: the one they are told).
+
+        Fails closed: a write of such a token that cannot be confined (no `admin` scope, a body
+        `validate` refuses, a selector not of its tenants) is refused here, with the answer a
+        worker would give (400 or 403 naming the field), and never passed on. Passed on for each
+        worker to refuse, it was only as safe as every step after this one: `with_id` made a
+        `via` valid after the check, and the other nodes carried out acme's bounce of globex."""
         if tenants is None or request.method not in ("POST", "DELETE") or not request.path.startswith("/api/v1/admin/"):
             return body
-        try:
-            self._tokens.holder(request, "admin")
-            validate(request.method, request.path_qs, body)
-        except web.HTTPException:
-            return body
+        self._tokens.holder(request, "admin")  # (in the order a worker refuses them: `admin.write`)
+        if request.method == "POST":
+            require_json(request)
+        validate(request.method, request.path_qs, body)
         in_force = self._node_rules.standing.in_force if self._node_rules is not None else {}
         routing = self._tokens.routing_domains(holder)
         return confine(request.method, request.path, body, holder, tenants, in_force.get, routing)

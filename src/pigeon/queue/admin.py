@@ -557,6 +557,7 @@ class Admin:
         operator: str,
         operation: str | None = None,
         accepted_before: float | None = None,
+        beyond: Callable[[Rule], bool] | None = None,
     ) -> dict[str, Any]:
         """Move matching messages to another scheduled queue and/or route them as if their
         recipients were in `routing_domain` (its [[route]] or MX); they are due at once. Of a
@@ -565,17 +566,26 @@ class Admin:
 
         Mail of an `[[inbound]]` route (its envelope names a target) is left as it is, not even
         claimed: it goes to its application's target from its own queue, and moving it would
-        send an application's mail out over SMTP. The answer counts it (`inbound_left`)."""
+        send an application's mail out over SMTP. The answer counts it (`inbound_left`).
+
+        `beyond`: the rules the asker cannot end (a token bound to tenants: the operator's,
+        `tenancy.reaches`). Mail one of them holds (a suspension) or ends (a standing bounce)
+        is left where it is, not even claimed, and counted (`held_left`, given whenever `beyond`
+        is): selectors match a message's queue as it is now, so moved within its own tenant it
+        would leave the operator's suspension of its queue or campaign behind, and go out."""
         now = self._clock()
         mark = RebindMark(queue, routing_domain, operator, operation)
-        inbound_left = 0
+        inbound_left = held_left = 0
 
-        def inbound(message: Message) -> bool:
-            nonlocal inbound_left
-            if message.envelope.target is None:
-                return False
-            inbound_left += 1
-            return True
+        def left_alone(message: Message) -> bool:
+            nonlocal inbound_left, held_left
+            if message.envelope.target is not None:
+                inbound_left += 1
+                return True
+            if beyond is not None and any(beyond(rule) for rule in self._rules.holding(message)):
+                held_left += 1  # the operator's hold holds: not the asker's to lift by moving the mail
+                return True
+            return False
 
         def act(entry: Entry) -> tuple[_Done, asyncio.Future[None] | None]:
             if accepted_before is not None and entry.message.created > accepted_before:
@@ -588,13 +598,18 @@ class Admin:
             until = entry.message.due if envelope.hold_operator is not None else now
             return _Done.ACTED, self._settlement.defer(entry, until, queue=queue, envelope=envelope, rebind=mark)
 
-        rebound, after_attempt = await self._walk(selector, act, "rebind", operation, claim=True, leave=inbound)
+        rebound, after_attempt = await self._walk(selector, act, "rebind", operation, claim=True, leave=left_alone)
         self._rewind(now)
         left = f"; {_messages(inbound_left)} of [[inbound]] routes left as they are: they go to their target"
         left = left if inbound_left else ""
+        if held_left:
+            left += f"; {_messages(held_left)} left in place, held by a rule the token cannot end"
         _log.warning("admin rebind by %s of %s: %s to queue=%s route=%s%s", operator, selector.describe(),
                      _messages(rebound), queue, routing_domain, left)  # fmt: skip
-        return {"rebound": rebound, "after_attempt": after_attempt, "inbound_left": inbound_left}
+        answer: dict[str, Any] = {"rebound": rebound, "after_attempt": after_attempt, "inbound_left": inbound_left}
+        if beyond is not None:
+            answer["held_left"] = held_left
+        return answer
 
     async def retry(
         self,

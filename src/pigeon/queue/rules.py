@@ -393,6 +393,14 @@ class Rules:
         bounce, suspensions = self._matching(message, self._clock())
         return suspensions if bounce is None else []
 
+    def holding(self, message: Message) -> list[Rule]:
+        """Every live rule that matches `message` as it is now: the standing bounces that end it
+        and the suspensions that hold it when it falls due (whichever acts first)."""
+        if not self._rules:
+            return []
+        now = self._clock()
+        return [rule for rule in self._rules.values() if rule.live(now) and rule.selector.matches(message)]
+
     def site_suspensions(self, site: str) -> list[Rule]:
         """Every live suspension of deliveries to `site`: who stopped its ready queues, and why."""
         now = self._clock()

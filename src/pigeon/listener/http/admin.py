@@ -278,13 +278,24 @@ def with_id(body: bytes, via: Literal["cli", "api"] | None = None, bound: frozen
     A bound token's id, given or made, is one of its binding's own (`bound_rule_id`): an id it
     gives then never names a rule of the operator or of another binding, so a 409 (or an
     `already`) can never tell it that another tenant's rule exists (ids of standing suspensions
-    are computed from what they hold: anyone can compute another's)."""
+    are computed from what they hold: anyone can compute another's).
+
+    What it does never makes a body `validate` would refuse one it takes: it is applied before
+    the body is checked and confined (there, the body checked is the one carried out), so an
+    `id` that is no id (`"a b"`, `5`) is left as it is too, to be refused naming `$.id`, not
+    made one of the binding's ids. `"id": null` is an id left out: one is made (else every
+    worker and node would make its own, and a bound token's rule would be made unbound)."""
     with contextlib.suppress(ValueError):  # a member named twice too: left for `validate` to refuse
         decoded = json.loads(body, object_pairs_hook=unique_members)
         if isinstance(decoded, dict) and decoded.get("via") not in _VIA_VALUES:
             return body
-        if isinstance(decoded, dict) and ("id" not in decoded or via is not None):
-            decoded.setdefault("id", new_rule_id())
+        if isinstance(decoded, dict) and decoded.get("id") is not None:
+            given = decoded["id"]
+            if not isinstance(given, str) or not _RULE_ID.fullmatch(given):
+                return body
+        if isinstance(decoded, dict) and (decoded.get("id") is None or via is not None):
+            if decoded.get("id") is None:
+                decoded["id"] = new_rule_id()
             if via is not None:
                 decoded["via"] = via  # (whatever a client sent: it is not the client's to say)
                 decoded.pop("bound_to", None)  # (nor this)
@@ -382,6 +393,7 @@ async def perform(
             operator=operator,
             operation=request.id,
             accepted_before=issued,  # (None: issued here, now)
+            beyond=_beyond(request.bound_to),
         )
     elif isinstance(request, AdminRequest):
         answer = await admin.retry(request.selector(), request.id, messages=message_ids(request))
@@ -422,6 +434,16 @@ async def perform(
     return 200, answer
 
 
+def _beyond(bound_to: list[str] | None) -> Callable[[Rule], bool] | None:
+    """The rules a token bound to `bound_to` cannot end (`tenancy.reaches`: the operator's, or
+    a token's bound to another tenant too), which its rebind leaves the mail of where it is
+    (`Admin.rebind`); None for a token bound to none (the operator), which ends them all."""
+    if bound_to is None:
+        return None
+    tenants = frozenset(bound_to)
+    return lambda rule: not tenancy.reaches(tenants, rule)
+
+
 def no_rule(kind: str, rule_id: str) -> tuple[int, Any]:
     """The 404 of a resume or cancel of a rule there is none of (or one a bound token may not see)."""
     what = "standing bounce" if kind == "bounce" else "suspension"
@@ -457,6 +479,45 @@ def confine(
     request = json.loads(body)
     tenancy.confine_selector(request, action, holder, tenants, routing_domains)
     return json.dumps(request).encode()
+
+
+def confine_received(
+    method: str,
+    path: str,
+    body: bytes,
+    operator: str,
+    known_binding: frozenset[str] | None,
+    rule_of: Callable[[str], Rule | None],
+    routing_domains: Collection[str] = (),
+) -> bytes:
+    """A write another node was asked for (read from the cluster's stream: `pigeon.node.broadcast`)
+    as this node may carry it out: confined here too, or refused (`confine`), never carried out
+    unconfined. The node asked confined it before it told the others, but this one does not
+    take that on trust: whatever happened to the body on its way (a step of the asking node
+    that made an invalid body valid once it was checked, an older node), a bound token's write
+    acts on its tenants' mail alone.
+
+    It is a bound token's if its body says so (`bound_to`, set where it was issued: `with_id`),
+    or if this node knows `operator` as a token bound to tenants (`known_binding`): a resume or
+    cancel has no body. A `bound_to` that is no list of tenants binds it to none, and it is refused;
+    one left out of a body of a token known as bound is set, so what it does is that binding's
+    (a rebind leaves the mail of rules out of its reach, a rule it makes is not the operator's)."""
+    tenants = known_binding
+    if method == "POST":
+        with contextlib.suppress(ValueError):
+            decoded = json.loads(body)
+            if isinstance(decoded, dict) and decoded.get("bound_to") is not None:
+                bound = decoded["bound_to"]
+                given = bound if isinstance(bound, list) and all(isinstance(t, str) for t in bound) else []
+                tenants = frozenset(given)
+            elif isinstance(decoded, dict) and tenants is not None:
+                body = json.dumps({**decoded, "bound_to": sorted(tenants)}).encode()
+    if tenants is None or method not in ("POST", "DELETE"):
+        return body
+    validate(method, path, body)
+    # (`routing_domains`: what this node's config lets `operator` route as; the nodes of a
+    # cluster share their tokens, so a rebind the asked node allowed is allowed here too.)
+    return confine(method, path.partition("?")[0], body, operator, tenants, rule_of, routing_domains)
 
 
 def confined_answer(method: str, path: str, answer: Any, tenants: frozenset[str] | None) -> Any:
@@ -789,12 +850,15 @@ async def write(request: web.Request) -> web.Response:
         require_json(request)
     body = await read_body(request) if request.method == "POST" else b""
     path = request.path
+    if request.method == "POST" and body_too_large(body) is None:
+        # Say what it came through, and who asked (the ids of a bound token's own: `with_id`),
+        # before it is checked and confined: what is checked is what this worker carries out
+        # and, asked here (one worker), what the other nodes are told. (As the supervisor does.)
+        body = with_id(body, None if supervised else caller(request), tenants)
     validate(request.method, request.path_qs, body)
+    # Refused whole if it cannot be confined (fails closed: nothing after this makes it valid).
     # (Confined by the supervisor too, if it passed it on: the same body again, kept as it is.)
     body = confine(request.method, path, body, operator, tenants, admin.rule, tokens.routing_domains(operator))
-    if request.method == "POST":
-        # Say what it came through, and who asked (the ids of a bound token's own: `with_id`).
-        body = with_id(body, None if supervised else caller(request), tenants)
     if request.method == "POST" and not supervised:
         # Asked here (one worker, no supervisor): a taken id is refused before the cluster is told.
         assert issued is not None

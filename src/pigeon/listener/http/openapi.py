@@ -579,13 +579,20 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
         "operator's, which it cannot end)",
     )
     rebound = _object(
-        {"rebound": count, "after_attempt": count, "inbound_left": count, "operation": operation_id},
+        {
+            "rebound": count,
+            "after_attempt": count,
+            "inbound_left": count,
+            "held_left": count,
+            "operation": operation_id,
+        },
         "rebound",
         "after_attempt",
         "inbound_left",
         doc="rebound: messages moved, due now; after_attempt: how many of them were being sent, moved as far as "
         "that attempt leaves them; inbound_left: matching messages of [[inbound]] routes, left as they are: they "
-        "go to their target from their own queue",
+        "go to their target from their own queue; held_left (a token bound to tenants only): matching messages "
+        "a suspension or standing bounce it cannot end holds (the operator's: not named), left where they are",
     )
     retried = by_id(
         {

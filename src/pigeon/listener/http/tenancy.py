@@ -37,8 +37,13 @@ own tenant. A queue named without a tenant part says no tenant, so it is not lis
 token, though its tenant's mail in it is acted on by a selector naming that tenant.
 
 Checked where a request is issued (a node's one worker, the supervisor of several) before any
-worker or node is told, and by each worker again; the cluster's other nodes carry out the
-request as confined there.
+worker or node is told, failing closed (a write that cannot be confined is refused there, never
+passed on for others to refuse), and by each worker again; the cluster's other nodes confine
+what they read from the stream themselves, or refuse it (`admin.confine_received`).
+
+A rebind of such a token leaves where it is the mail a rule it cannot end holds (`reaches`):
+selectors match a message's queue as it is now, so moving it within its tenant would leave the
+operator's suspension of its queue or campaign behind (`Admin.rebind`'s `beyond`).
 """
 
 from __future__ import annotations
