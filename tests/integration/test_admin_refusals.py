@@ -219,6 +219,11 @@ def test_what_a_rule_came_through_is_set_by_the_node_not_the_client(node: tuple[
             " (best left out)",
             "field": "$.via",
         }, (path, answer)
+    # So is a mistyped `bound_to` (set where a write is issued, as `via` is): it was dropped, and
+    # the body so made valid (found by the OpenAPI fuzzing: `"bound_to": "x"` answered 200).
+    for bound_to in ("acme", 1, {"a": 1}, [1]):
+        answer = _refused(node, "POST", "/api/v1/admin/retry", {"domain": "none.test", "bound_to": bound_to})
+        assert answer["field"].startswith("$.bound_to"), (bound_to, answer)
     # ... and a refusal of an unknown member does not offer it as one the request takes.
     answer = _refused(node, "POST", "/api/v1/admin/suspend", {"domain": "none.test", "colour": "red"})
     assert answer["field"] == "$.colour"

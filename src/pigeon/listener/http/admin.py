@@ -289,6 +289,8 @@ def with_id(body: bytes, via: Literal["cli", "api"] | None = None, bound: frozen
         decoded = json.loads(body, object_pairs_hook=unique_members)
         if isinstance(decoded, dict) and decoded.get("via") not in _VIA_VALUES:
             return body
+        if isinstance(decoded, dict) and not _tenant_list(decoded.get("bound_to")):
+            return body  # (mistyped: left for `validate` to refuse, not replaced into a valid body)
         if isinstance(decoded, dict) and decoded.get("id") is not None:
             given = decoded["id"]
             if not isinstance(given, str) or not _RULE_ID.fullmatch(given):
@@ -304,6 +306,11 @@ def with_id(body: bytes, via: Literal["cli", "api"] | None = None, bound: frozen
                     decoded["id"] = bound_rule_id(decoded["bound_to"], decoded["id"])
             return json.dumps(decoded).encode()
     return body
+
+
+def _tenant_list(value: object) -> bool:
+    """Whether `value` is what a body's `bound_to` may be: none, or a list of tenant names."""
+    return value is None or (isinstance(value, list) and all(isinstance(item, str) for item in value))
 
 
 MAX_BODY: Final = 64 * 1024
