@@ -1099,13 +1099,18 @@ def _header_value(head: bytes, start: int) -> str | None:
     return queue_part_from_header(raw.decode("utf-8", "surrogateescape")) or None
 
 
+_ESCAPED_LOW: Final = chr(0xDC80)  # "surrogateescape" decodes byte 0x80 as this, ...
+_ESCAPED_HIGH: Final = chr(0xDCFF)  # ... and byte 0xFF as this
+
+
 def _not_utf8(value: str) -> str | None:
     """Why a routing header's value (`_header_value`) names no queue for bytes in it that are
     not UTF-8 (a name is text: a byte that is none would name a queue no selector, log reader
     or JSON client reads back as it was sent); None when it is text."""
     if value.isascii():
         return None
-    byte = next((ord(char) - 0xDC00 for char in value if "\udc80" <= char <= "\udcff"), None)
+    # (The escapes' range by chr(): mypyc, which compiles this module, takes no surrogates in literals.)
+    byte = next((ord(char) - 0xDC00 for char in value if _ESCAPED_LOW <= char <= _ESCAPED_HIGH), None)
     return None if byte is None else f"holds byte 0x{byte:02X}, which is not UTF-8: a name is text, in UTF-8"
 
 
