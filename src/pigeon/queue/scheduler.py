@@ -79,6 +79,23 @@ class Routes(Protocol):
         """Raises `Unroutable` when the domain cannot be resolved."""
 
 
+# Defaults of the scheduler's hooks: plain functions, not lambdas (mypyc compiles this module).
+def _intercepts_nothing(entry: Entry) -> bool:
+    return False
+
+
+def _no_egress_pool(pool: str | None, destination: Any) -> str | None:
+    return None
+
+
+def _ignore_lag(seconds: float) -> None:
+    return None
+
+
+def _holds_nothing(entry: Entry) -> str | None:
+    return None
+
+
 class Scheduler:
     def __init__(
         self,
@@ -89,10 +106,10 @@ class Scheduler:
         ready: ReadyQueues,
         settlement: Settlement,
         policies: QueuePolicies,
-        intercept: Callable[[Entry], bool] = lambda entry: False,
-        egress: Callable[[str | None, Any], str | None] = lambda pool, destination: None,
-        observe_lag: Callable[[float], None] = lambda seconds: None,
-        holding: Callable[[Entry], str | None] = lambda entry: None,
+        intercept: Callable[[Entry], bool] = _intercepts_nothing,
+        egress: Callable[[str | None, Any], str | None] = _no_egress_pool,
+        observe_lag: Callable[[float], None] = _ignore_lag,
+        holding: Callable[[Entry], str | None] = _holds_nothing,
         rates: QueueRates | None = None,
         throttles: Throttles | None = None,
         rate_share: int = 1,

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Protocol
 
 from pigeon.message import Envelope, Message, SpoolId
 from pigeon.smtp import replies
@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 class SpoolError(Exception):
     """The spool could not do what was asked. Nothing was half-written."""
 
-    reply: Reply = replies.SPOOL_ERROR
+    # (ClassVar: each subclass's own, also where mypyc compiles this module into native classes)
+    reply: ClassVar[Reply] = replies.SPOOL_ERROR
 
 
 class SpoolWriteError(SpoolError):
@@ -34,13 +35,13 @@ class SpoolWriteError(SpoolError):
 class SpoolFull(SpoolError):
     """The disk, or the configured spool size limit, is full."""
 
-    reply = replies.SPOOL_FULL
+    reply: ClassVar[Reply] = replies.SPOOL_FULL
 
 
 class SpoolClosed(SpoolError):
     """The spool is shutting down and takes no more writes."""
 
-    reply = replies.r(421, "4.3.2", "Service shutting down, message not stored, try again later")
+    reply: ClassVar[Reply] = replies.r(421, "4.3.2", "Service shutting down, message not stored, try again later")
 
 
 class SpoolBusy(SpoolError):
