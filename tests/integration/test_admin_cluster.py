@@ -5,6 +5,7 @@ operation issued on either reaches the other's every worker, and the answer adds
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -462,3 +463,101 @@ def test_top_shows_the_whole_clusters_queues_and_counters(cluster: tuple[PigeonP
     assert shown.returncode == 0, shown.stderr
     assert "cluster: a done, b done" in shown.stdout
     assert "spool 3 messages" in shown.stdout
+
+
+def test_a_rule_made_or_ended_while_a_node_is_stopped_is_said_to_apply_there_at_start_and_exits_0(
+    cluster: tuple[PigeonProcess, PigeonProcess],
+) -> None:
+    a, b = cluster
+    b.stop()
+    # The rule is in Redis's rules before the answer, and b takes those before it delivers:
+    # nothing for the operator to do again, unlike a one-off write b may never apply.
+    said = _cli(a, "suspend", "--domain", "example.net", "--reason", "b is down")
+    assert said.returncode == 0, (said.stdout, said.stderr)
+    lines = said.stdout.splitlines()
+    assert lines[1] == "nodes: a (done), b (will apply at start)", lines
+    assert lines[2].startswith("note: node b is not running (stopped, or gone, at "), lines
+    assert "it takes the cluster's suspensions and standing bounces as they are then, this change included" in lines[2]
+    status, listed = _api(a, "GET", "/api/v1/admin/suspend", token=READER)
+    (rule_id,) = [rule["id"] for rule in listed["rules"]]
+    status, answer = _api(a, "POST", "/api/v1/admin/bounce", {"campaign": "spring", "duration": "1h"})
+    assert status == 200 and answer["cluster"]["nodes"] == {"a": "done", "b": "at_start"}, answer
+    assert list(answer["cluster"]["not_running"]) == ["b"]
+    # A one-off write still may not reach b: pending, exit 75.
+    retried = _cli(a, "retry", "--domain", "example.net")
+    assert retried.returncode == 75 and "nodes: a (done), b (pending)" in retried.stdout, retried.stdout
+    b.start()
+    status, listed = _api(b, "GET", "/api/v1/admin/suspend", token=READER)
+    assert [rule["id"] for rule in listed["rules"]] == [rule_id]  # taken at its start, as said
+    b.stop()
+    resumed = _cli(a, "resume", rule_id)
+    assert resumed.returncode == 0, (resumed.stdout, resumed.stderr)
+    assert "nodes: a (done), b (will apply at start)" in resumed.stdout.splitlines()
+    b.start()
+    status, listed = _api(b, "GET", "/api/v1/admin/suspend", token=READER)
+    assert listed["rules"] == []  # the end taken at its start too
+
+
+def test_a_decommissioned_node_is_forgotten_and_writes_no_longer_name_it(
+    cluster: tuple[PigeonProcess, PigeonProcess],
+) -> None:
+    a, b = cluster
+    listed = _cli(a, "cluster", "nodes")
+    assert listed.returncode == 0, listed.stderr
+    rows = listed.stdout.splitlines()[1:]
+    assert [row.split()[:3] for row in rows] == [["a", "running", "1"], ["b", "running", "2"]], rows
+    refused = _cli(a, "cluster", "forget", "b")
+    assert refused.returncode == 2
+    assert "pigeon: 409: node b is running (it renewed its presence " in refused.stderr
+    assert "stop it first (SIGTERM to its pigeon serve, systemctl stop pigeon on its host), then forget it" in (
+        refused.stderr
+    )
+    b.stop()
+    status, known = _api(a, "GET", "/api/v1/cluster/nodes", token=READER)
+    assert status == 200 and [(n["node"], n["running"], n.get("left")) for n in known["nodes"]] == [
+        ("a", True, None),
+        ("b", False, True),
+    ], known
+    listed = _cli(a, "cluster", "nodes")
+    assert "named pending by admin writes until " in listed.stdout and "`pigeon cluster forget b`" in listed.stdout
+    assert _cli(a, "retry", "--domain", "example.net").returncode == 75  # named pending, for a day
+    forgot = _cli(a, "cluster", "forget", "b")
+    assert forgot.returncode == 0, forgot.stderr
+    assert forgot.stdout.startswith("forgot node b (spool id ")
+    assert "cluster: node b (spool id " in a.stderr() and "asked by ops" in a.stderr()
+    retried = _cli(a, "retry", "--domain", "example.net")
+    assert retried.returncode == 0, (retried.stdout, retried.stderr)
+    assert "nodes: a (done)" in retried.stdout.splitlines()
+    status, known = _api(a, "GET", "/api/v1/cluster/nodes", token=READER)
+    assert [n["node"] for n in known["nodes"]] == ["a"]
+    again = _cli(a, "cluster", "forget", "b")
+    assert again.returncode == 2 and "no node named 'b' is known to the cluster (known: a)" in again.stderr
+    b.start()  # known again once it runs
+    status, known = _api(a, "GET", "/api/v1/cluster/nodes", token=READER)
+    assert [(n["node"], n["running"]) for n in known["nodes"]] == [("a", True), ("b", True)]
+
+
+def test_the_cluster_member_of_every_write_is_documented_in_the_openapi_document(
+    cluster: tuple[PigeonProcess, PigeonProcess],
+) -> None:
+    import jsonschema_rs
+
+    a, b = cluster
+    b.stop()
+    document = json.loads(a.http_get("/api/openapi.json")[1])
+    writes = {
+        "/api/v1/admin/bounce": {"domain": "example.net", "reason": "x"},
+        "/api/v1/admin/suspend": {"domain": "example.org"},
+        "/api/v1/admin/retry": {"domain": "example.net"},
+        "/api/v1/admin/rebind": {"domain": "example.net", "to_queue": "other@example.net"},
+        "/api/v1/admin/hold": {"messages": ["00000000000000ff"], "reason": "x"},
+    }
+    for path, body in writes.items():
+        status, answer = _api(a, "POST", path, body)
+        assert status == 200, (path, answer)
+        schema = document["paths"][path]["post"]["responses"]["200"]["content"]["application/json"]["schema"]
+        documented = schema["properties"]["cluster"]
+        # Every member a client reads is documented (objects take more, so the schema alone says little).
+        assert set(answer["cluster"]) == {"nodes", "not_running"} <= set(documented["properties"]), (path, answer)
+        validator = jsonschema_rs.validator_for({"components": document["components"], **schema})
+        assert not [e.message for e in validator.iter_errors(answer)], (path, answer)

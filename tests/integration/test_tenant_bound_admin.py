@@ -153,6 +153,11 @@ def test_a_token_bound_to_a_tenant_reads_and_acts_on_that_tenants_mail_alone(
         assert [r["id"] for r in _api(node, "GET", "/api/v1/admin/suspend", token=OPS)[1]["rules"]] == [theirs]
         status, refused = _api(node, "GET", "/api/v1/shaping/effects")
         assert (status, refused["field"]) == (403, "Authorization"), refused
+        # Nor the cluster's nodes: they carry every tenant's mail (refused before any look for Redis).
+        for method, path in (("GET", "/api/v1/cluster/nodes"), ("DELETE", "/api/v1/cluster/nodes/b")):
+            status, refused = _api(node, method, path)
+            assert (status, refused["field"]) == (403, "Authorization"), refused
+            assert "the cluster's nodes carry the mail of every tenant" in refused["error"]
 
         # A selector without a tenant is its one tenant's.
         status, own = _api(node, "POST", "/api/v1/admin/suspend", {"domain": "zz.test"})

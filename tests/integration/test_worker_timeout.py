@@ -180,3 +180,34 @@ def test_top_shows_the_queues_of_the_workers_that_answered_and_names_the_missing
         assert "queues of the other workers only, not every worker answered (worker 1: " in shown.stdout
         assert "no queues" not in shown.stdout  # delivery is on: not "delivery is off"
         assert "scheduled queue" in shown.stdout
+
+
+def test_healthz_answers_within_a_second_while_a_worker_is_stopped_naming_it(tmp_path: Path) -> None:
+    # A liveness probe with a short timeout, and no token ([http] status_token_required): it must
+    # hear 503, not time out waiting for the worker that does not answer.
+    tokens = [{"name": "ops", "token": "reader-token-0123456789", "scopes": ["read"]}]
+    with PigeonProcess(
+        tmp_path / "node",
+        node={"workers": 2, "worker_timeout": "30s"},
+        http={"status_token_required": True, "token": tokens},
+        delivery={"enabled": True},
+    ) as pigeon:
+        assert pigeon.http_get("/healthz")[0] == 200
+        stopped = _worker_pid(pigeon, 1)
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            status, body = pigeon.http_get("/healthz")
+            took = time.monotonic() - started
+            assert (status, json.loads(body)["status"]) == (503, "down")
+            assert took < 1.5, took
+            status, health = pigeon.http_call("GET", "/healthz", token="reader-token-0123456789")
+            assert status == 503 and health["workers"][0]["status"] == "ok", health
+            assert health["workers"][1]["status"] == "down"
+            assert health["workers"][1]["error"].startswith("it did not answer within 0.9s (busy, or stopped: ")
+        finally:
+            os.kill(stopped, signal.SIGCONT)
+        wait = time.monotonic() + 10
+        while pigeon.http_get("/healthz")[0] != 200:
+            assert time.monotonic() < wait
+            time.sleep(0.2)

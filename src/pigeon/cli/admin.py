@@ -690,6 +690,10 @@ def _show(args: argparse.Namespace, status: int, answer: Any, text: str, **more:
     return _complete(_show_nodes(answer))
 
 
+AT_START: Final = "at_start"  # (`pigeon.node.broadcast.AT_START`: not imported, it brings Redis's client)
+_STATES: Final = {AT_START: "will apply at start"}
+"""How a node's state in a cluster's answer (`cluster.nodes`) is said, where not as it is."""
+
 NOT_A_CLUSTER = "this node only: it has no [redis] url, so there is no cluster to ask"
 
 
@@ -702,7 +706,9 @@ def _show_nodes(answer: Any, args: argparse.Namespace | None = None) -> dict[str
         if args is not None and getattr(args, "cluster", False):
             print(f"note: {NOT_A_CLUSTER}")
         return {}
-    nodes = ", ".join(f"{node} ({state})" for node, state in sorted(cluster.get("nodes", {}).items()))
+    nodes = ", ".join(
+        f"{node} ({_STATES.get(state, state)})" for node, state in sorted(cluster.get("nodes", {}).items())
+    )
     print(f"nodes: {nodes}")
     if cluster.get("error"):
         print(f"warning: {cluster['error']}")
@@ -715,9 +721,15 @@ def _show_nodes(answer: Any, args: argparse.Namespace | None = None) -> dict[str
               "within [redis] late_operations of now; see `pigeon queue operations --cluster`)")  # fmt: skip
     for node, at in sorted(stopped.items()):
         since = f" (stopped, or gone, at {_when(at)})" if isinstance(at, int | float) else ""
+        if cluster.get("nodes", {}).get(node) == AT_START:
+            # A rule, or its end: Redis keeps it, and the node takes it before it delivers anything.
+            print(f"note: node {node} is not running{since}: it takes the cluster's suspensions and standing "
+                  "bounces as they are then, this change included, when it starts, before it delivers anything "
+                  "(a rule that has ended by then is not taken)")  # fmt: skip
+            continue
         print(f"warning: node {node} is not running{since}, and not counted above: it applies it when it starts "
               "(a bounce of what is queued, a retry, a rebind or a hold by id only within [redis] late_operations "
-              "of now)")  # fmt: skip
+              f"of now); a node taken out for good: `pigeon cluster forget {node}`")  # fmt: skip
     if left_out.get("missing"):
         print(f"warning: {_names(left_out['missing'])} did not answer in time (down, or cut off from Redis), and "
               "not counted above: ask again once it is back")  # fmt: skip

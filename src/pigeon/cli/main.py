@@ -28,7 +28,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     # Imported here, not with this module: `main` has things to do before their second of imports.
-    from pigeon.cli import admin, config, dkim, inject, logs, passwd, quarantine, serve, shaping, top
+    from pigeon.cli import admin, cluster, config, dkim, inject, logs, passwd, quarantine, serve, shaping, top
 
     parser = _Parser(
         prog="pigeon",
@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"pigeon {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (serve, config, logs, passwd, inject, admin, top, dkim, shaping, quarantine):
+    for module in (serve, config, logs, passwd, inject, admin, top, cluster, dkim, shaping, quarantine):
         module.register(commands)
     # Listed only: `main` hands its command line to `pigeon.cli.sendmail` whole, as sendmail's
     # own options (-t, -oi, -fme@x) are no argparse's.

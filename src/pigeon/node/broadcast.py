@@ -14,7 +14,9 @@ presence hash (`<prefix>:admin:nodes`: node name, spool id, workers and expiry) 
 renews (one name, one node: `pigeon.node.presence`); a node that has not answered a write by the
 deadline is reported as `pending` (it applies the operation when it gets to it, and its
 progress shows in `GET /api/v1/admin/operations?cluster=1`), one that has not answered a read as
-`missing` (nothing of it is applied later: its part is not in the answer). Right after Redis lost
+`missing` (nothing of it is applied later: its part is not in the answer). A node known but not
+running (stopped within `REMEMBERED`) is named at once: `pending` for a one-off write, `at_start`
+for a rule made or ended, which it takes from the cluster's rules before it delivers anything. Right after Redis lost
 its data, the presence hash holds only the nodes that have renewed since: an operation issued
 then waits until every live node has had the time to (`_settled`), and each worker 0 gives back
 the other nodes' presence as it last saw it, so a node killed a moment before is named too.
@@ -108,6 +110,9 @@ from pigeon.queue.rules import Rule, describe_rule, taken_by
 _log = logging.getLogger(__name__)
 
 _READ_REPLAY: Final = 5.0  # seconds after which a read is dropped unanswered: nobody waits for it
+AT_START: Final = "at_start"
+"""A stopped node's state in the answer to a rule write (`cluster.nodes`): it takes the rule, or
+its end, from the cluster's rules when it starts, before it delivers anything."""
 WRITE_WAIT: Final = 30.0  # seconds the origin waits for other nodes' answers to a write
 READ_WAIT: Final = 3.0  # ... and to a read
 _NAMESAKE_EVERY: Final = 60.0  # seconds between two errors about another live node of our name
@@ -312,10 +317,14 @@ class Broadcast:
             # A write is applied there when the node gets to it; a read's part of it is lost.
             nodes[node] = "pending" if write else "missing"
         # A node known but stopped gets a write when it starts again (it reads the stream on
-        # from where it stopped); a read, never: reads leave it out, as they always did.
+        # from where it stopped); a read, never: reads leave it out, as they always did. A rule
+        # made or ended (`change`) reaches it for sure: it takes the cluster's rules, which Redis
+        # holds now (`_append`), before it delivers anything (`join`), whenever it starts, so it
+        # is `at_start`, not left out. A one-off write reaches it only within `late_operations`,
+        # and may find there mail it no longer concerns: `pending`, which the command says.
         not_running = {node: at for node, at in stopped.items() if write and node not in remote}
         for node in not_running:
-            nodes[node] = "pending"
+            nodes[node] = AT_START if change is not None else "pending"
         merged_status, merged = merge(answers)
         if isinstance(merged, dict):
             if write and "already" in merged:

@@ -45,7 +45,8 @@ REMEMBERED: Final = 86_400.0
 """Seconds a node that stopped (or was killed) stays known to the cluster after it was last
 there: a write issued meanwhile names it `pending` (it applies the write when it starts again,
 reading the admin stream on from where it stopped). Past that it is forgotten, its entry removed:
-a node taken out of the cluster is not named for ever."""
+a node taken out of the cluster is not named for ever. `pigeon cluster forget NODE` removes one
+sooner (`forget`): a node decommissioned is not named `pending` by every write for a day."""
 _LOOK_EVERY: Final = 0.5  # seconds between two looks at the presence hash while waiting
 
 
@@ -75,6 +76,35 @@ def last_seen(entry: dict[str, Any]) -> float:
 
 def presence_key(config: Config) -> str:
     return f"{config.redis.key_prefix}:admin:nodes"
+
+
+def known_nodes(entries: dict[Any, Any], now: float) -> list[dict[str, Any]]:
+    """The nodes the presence hash `entries` (`HGETALL`) knows, a row each, by name: `running`
+    (its entry renewed within `PRESENCE`), `last_seen` (its last renewal, for one running;
+    else when it stopped, or was last there: `last_seen`), `left` (true: it said it was leaving, a graceful
+    stop; false: its entry ran out, the node killed or cut off from Redis), `forgotten_at` (when
+    the cluster forgets it by itself: a `REMEMBERED` after it was last there), its `workers`, its
+    `spool` id and its `entry` (the hash's field). An entry that cannot be read is left out; a
+    name twice (two spools) is two rows."""
+    rows: list[dict[str, Any]] = []
+    for field, value in entries.items():
+        with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
+            seen = json.loads(value)
+            running = float(seen["expires"]) > now
+            last = last_seen(seen)
+            row: dict[str, Any] = {
+                "node": str(seen["node"]),
+                "running": running,
+                "last_seen": last,
+                "workers": int(seen.get("workers", 1)),
+                "spool": seen.get("spool"),
+                "entry": field.decode() if isinstance(field, bytes) else str(field),
+            }
+            if not running:
+                row["left"] = seen.get("left") is not None
+                row["forgotten_at"] = last + REMEMBERED
+            rows.append(row)
+    return sorted(rows, key=lambda row: (row["node"], not row["running"], -row["last_seen"]))
 
 
 class Namesakes:

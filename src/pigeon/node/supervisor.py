@@ -111,6 +111,9 @@ if TYPE_CHECKING:
 _log = logging.getLogger(__name__)
 _FORWARDED_HEADERS: Final = frozenset({"Authorization", "Content-Type", "Accept"})
 _RETURNED_HEADERS: Final = frozenset({"Content-Type", "WWW-Authenticate", "Allow", "Accept-Encoding"})
+_HEALTH_WAIT: Final = 0.9
+"""Seconds /healthz waits for each worker's own (asked at once): the node answers within about a
+second, whatever a worker does; one that has not answered by then is down in the answer."""
 _BROADCAST_PATHS: Final = ("/api/v1/admin/", "/api/v1/messages", "/api/v1/queues", "/api/v1/shaping/")
 _READY_TIMEOUT = 60.0
 _DISK_FULL_RETRY = 2.0  # seconds between tries to make the shared tables on a full disk (as a worker's spool)
@@ -826,12 +829,21 @@ class Supervisor:
             await web.TCPSite(self._runner, listen.host, listen.port, reuse_address=True).start()
         _log.info("http listening on %s", host_port(listen.host, listen.port))
 
-    async def _ask_all(self, path: str) -> list[tuple[int, bytes] | None]:
-        async def ask(worker: Worker) -> tuple[int, bytes] | None:
+    async def _ask_all(self, path: str, within: float) -> list[tuple[int, bytes] | str]:
+        """Every worker's answer to `path`, each given `within` seconds (asked at once), or why
+        it gave none."""
+
+        async def ask(worker: Worker) -> tuple[int, bytes] | str:
             try:
-                return await worker.get(path)
-            except (OSError, aiohttp.ClientError, TimeoutError):
-                return None
+                return await worker.get(path, within=within)
+            except TimeoutError:
+                # Its loop blocked, or the process stopped (SIGSTOP): the heartbeat kills it in time.
+                return (
+                    f"it did not answer within {within:g}s (busy, or stopped: the supervisor kills it once it has not "
+                    f"answered for {self.config.node.worker_timeout:g}s, [node] worker_timeout)"
+                )
+            except (OSError, aiohttp.ClientError):
+                return _why_down(worker)
 
         return await asyncio.gather(*(ask(w) for w in self.workers))
 
@@ -865,15 +877,18 @@ class Supervisor:
 
     async def _health(self) -> dict[str, Any]:
         """The node's /healthz: its workers' answers, added up."""
-        answers = await self._ask_all("/healthz")
+        # A bound on each worker's answer: a probe with a short timeout must hear the node's status,
+        # not wait for a worker that does not answer (a stopped one would hold it for seconds).
+        answers = await self._ask_all("/healthz", _HEALTH_WAIT)
         workers: list[dict[str, Any]] = []
         for worker, answer in zip(self.workers, answers, strict=True):
             detail: dict[str, Any] | None = None
-            if answer is not None and answer[0] in (200, 503):
+            if not isinstance(answer, str) and answer[0] in (200, 503):
                 with contextlib.suppress(ValueError):
                     detail = json.loads(answer[1])
             if detail is None:  # not answering: restarting, or hung
-                detail = {"worker": worker.index, "status": DOWN, "error": _why_down(worker)}
+                why = answer if isinstance(answer, str) else _why_down(worker)
+                detail = {"worker": worker.index, "status": DOWN, "error": why}
             elif detail.get("status") == STOPPING:  # going away while the node is not
                 detail["status"] = DOWN
             detail["restarts"] = worker.restarts

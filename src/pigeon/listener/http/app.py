@@ -9,7 +9,7 @@ from typing import Final
 
 from aiohttp import web
 
-from pigeon.listener.http import admin, content, listing
+from pigeon.listener.http import admin, cluster, content, listing
 from pigeon.listener.http.body import declared_too_large, too_large, transfer_codings
 from pigeon.listener.http.connections import ConnectionLimits, GuardedRunner
 from pigeon.listener.http.context import NODE_KEY, NodeView
@@ -60,6 +60,8 @@ API_ROUTES: Final[tuple[tuple[str, str, Handler], ...]] = (
     ("GET", listing.PATH, listing.list_messages),
     ("GET", "/api/v1/queues", admin.read),
     ("GET", "/api/v1/admin/operations", admin.read),
+    ("GET", cluster.NODES_PATH, cluster.nodes),
+    ("DELETE", cluster.FORGET_PATH, cluster.forget),
     ("GET", "/api/v1/shaping/effects", effects),
     ("DELETE", "/api/v1/shaping/effects/{id}", end_effect),
     ("GET", content.CONTENT_PATH, content.content),

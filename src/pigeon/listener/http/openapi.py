@@ -58,7 +58,7 @@ _ERRORS: Final = {
         "the request names another tenant's mail, or several and names none of them (field: $.tenant), or a "
         "site ($.site), or is a rebind to any queue but one of its tenants', campaign:tenant@domain or "
         "tenant@domain ($.to_queue), or routes mail as a domain its [[http.token]] routing_domains does not list "
-        "($.routing_domain), or asks for what is no tenant's, the shaping effects "
+        "($.routing_domain), or asks for what is no tenant's, the shaping effects or the cluster's nodes "
         "(Authorization); the error names the token and its tenants; nothing was done",
         "ErrorResponse",
     ),
@@ -524,6 +524,35 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
         "queued, but the selector given with the ids does not match it (`unmatched` says which of its members "
         "miss it): left as it was"
     )
+    # With [redis], an answer adds up the nodes (`pigeon.node.broadcast`), and says whose it holds.
+    last_there = {"type": "number", "description": "When it was last there (Unix time)"}
+    redis_error = {
+        "type": "string",
+        "description": "Redis could not be reached: this node's answer only, and what becomes of the others",
+    }
+    cluster_write = {
+        "cluster": _object(
+            {
+                "nodes": {
+                    "type": "object",
+                    "additionalProperties": {"enum": ["done", "pending", "at_start"]},
+                    "description": "Each node ([node] name): done (its answer is added up); pending (not in time, "
+                    "or not running: it applies this when it gets to it, or starts, a one-off write within [redis] "
+                    "late_operations only; the command exits 75); at_start (a rule made or ended, on a node not "
+                    "running: it takes the cluster's rules, this one included, when it starts, before it delivers)",
+                },
+                "not_running": {
+                    "type": "object",
+                    "additionalProperties": last_there,
+                    "description": "The nodes known to the cluster but not running (stopped, or killed, within a "
+                    "day; `DELETE /api/v1/cluster/nodes/{node}` forgets one): node -> when it was last there",
+                },
+                "error": redis_error,
+            },
+            "nodes",
+            doc="With [redis]: which nodes this answer adds up",
+        )
+    }
     bounced = _object(
         {
             "bounced": count,
@@ -639,7 +668,27 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
         "attempt does not deliver them. Held mail does not expire while held; released (POST /api/v1/admin/retry "
         "with its id), it is as old as it is: past its queue's max_age, it expires at its next turn, with a DSN",
     )
-    cluster_member = {"cluster": {"type": "object", "description": "With ?cluster=1: whose answers were added up"}}
+    for write in (bounced, held, cancelled, rebound, made_due, held_by_id):
+        write["properties"].update(cluster_write)
+    cluster_member = {
+        "cluster": _object(
+            {
+                "nodes": {
+                    "type": "object",
+                    "additionalProperties": {"enum": ["done", "missing"]},
+                    "description": "Each node: done (added up), or missing (not in time: its part is not in this)",
+                },
+                "held_by": {
+                    "type": "object",
+                    "additionalProperties": {"type": "array", "items": {"type": "string"}},
+                    "description": "Of a list of rules: the nodes that hold each (by id)",
+                },
+                "error": redis_error,
+            },
+            "nodes",
+            doc="With ?cluster=1: whose answers were added up",
+        )
+    }
     not_held = {
         "type": "object",
         "additionalProperties": workers,
@@ -746,6 +795,47 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
     effects = _object({"effects": {"type": "array", "items": _ref("Effect")}, "mode": mode}, "effects", "mode")
     ended = _object({"ended": _ref("Effect"), "mode": mode}, "ended", "mode")
     rule_id = [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    known_node = _object(
+        {
+            "node": {"type": "string"},
+            "running": {"type": "boolean", "description": "Its presence renewed within 10 s"},
+            "last_seen": {
+                "type": "number",
+                "description": "Running: its last renewal; else when it stopped, or was last there (Unix time)",
+            },
+            "left": {
+                "type": "boolean",
+                "description": "Not running: true, it stopped gracefully; false, its presence ran out (killed, "
+                "or cut off from Redis)",
+            },
+            "forgotten_at": {
+                "type": "number",
+                "description": "Not running: when the cluster forgets it by itself, a day after it was last there",
+            },
+            "workers": count,
+            "spool": {"type": ["string", "null"], "description": "Its spool's id (null: an earlier Pigeon)"},
+            "entry": {"type": "string", "description": "Its field in the presence hash (<prefix>:admin:nodes)"},
+        },
+        "node",
+        "running",
+        "last_seen",
+        "workers",
+        "spool",
+        "entry",
+    )
+    nodes_known = {"type": "array", "items": known_node}
+    known = _object(
+        {"node": {"type": "string", "description": "The node asked"}, "nodes": nodes_known}, "node", "nodes"
+    )
+    forgotten = _object({"forgotten": nodes_known, "by": {"type": "string"}}, "forgotten", "by")
+    cluster_errors = {
+        **errors,
+        "409": _response(
+            "The node is running (stop it first); or this node has no [redis] url: it is in no cluster",
+            _ref("ErrorResponse"),
+        ),
+        "503": _response("Redis cannot be reached", _ref("ErrorResponse")),
+    }
     id_schema = _SPOOL_ID
     spool_id = [{"name": "id", "in": "path", "required": True, "schema": id_schema}]
 
@@ -881,7 +971,7 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
                         queues,
                         {
                             "properties": {
-                                "cluster": {"type": "object"},
+                                **cluster_member,
                                 "not_held": {
                                     "type": "object",
                                     "additionalProperties": _WORKERS,
@@ -900,6 +990,27 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
             "get": operation(
                 "inspect", "One message: envelope, state, attempts", "read", message, "The message", parameters=spool_id
             ),
+        },
+        "/api/v1/cluster/nodes": {
+            "get": {
+                "operationId": "clusterNodes",
+                "summary": "The nodes the cluster knows (sharing [redis]), running or not (scope 'read', a token "
+                "bound to no tenant)",
+                "responses": {"200": _response("Every node known, by name", known), **cluster_errors},
+            },
+        },
+        "/api/v1/cluster/nodes/{node}": {
+            "delete": {
+                "operationId": "forgetNode",
+                "summary": "Forget a node that is not running (decommissioned): admin writes no longer name it "
+                "pending (scope 'admin', a token bound to no tenant)",
+                "parameters": [{"name": "node", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {
+                    "200": _response("Forgotten: its entries (one per spool it ran on), as they were", forgotten),
+                    **cluster_errors,
+                    "404": _response("No node of that name is known to the cluster", _ref("ErrorResponse")),
+                },
+            },
         },
         "/api/v1/shaping/effects": {
             "get": operation(
