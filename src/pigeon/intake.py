@@ -30,6 +30,9 @@ it arrives, and commits it at the end. The draft:
 * asks the policy's `on_message` hook, if the policy module has one: it may refuse the
   message, or change its envelope sender, queue, route, egress pool, DKIM signers and
   headers (kept in the envelope: the stored body is never rewritten, see `delivery.content`);
+* refuses (550 5.7.1) a message a recipient group of which would go by a `[[route]]`
+  reserved for other tenants (`[[route]] tenants`, `pigeon.route_tenants`), judged by its
+  tenant and routing domain once the policy has had its say;
 * signs it (DKIM) when a `[[dkim]]` signer applies: once per reception, before the store,
   so every copy and every retry sends the same signature (`pigeon.dkim.signing`); mail taken
   from anyone only with the signers the policy names for it;
@@ -88,6 +91,7 @@ from pigeon.queue.names import (
     queue_part_problem,
     scheduled_queue,
 )
+from pigeon.route_tenants import RouteTenants
 from pigeon.smtp import replies
 from pigeon.smtp.address import a_label, ascii_name, same_mailbox_key, valid_literal, with_a_label
 from pigeon.smtp.replies import Reply
@@ -222,6 +226,7 @@ class Intake:
         *,
         outbox: Outbox | None = None,
         inbound_routes: InboundRoutes | None = None,
+        route_tenants: RouteTenants | None = None,
         hostname: str,
         max_line: int = _LINE_LIMIT,
         max_hops: int = 100,
@@ -253,6 +258,8 @@ class Intake:
         """Where Reception records go with their commit (None in small tests: straight to the log)."""
         self.inbound_routes = inbound_routes
         """Recipients that go to an application's target rather than an MX."""
+        self.route_tenants = route_tenants if route_tenants is not None else RouteTenants()
+        """Which `[[route]]`s are reserved for which tenants' mail (a reload replaces it)."""
         self.on_stored: Callable[[list[Message]], None] | None = None
         # The spool's last refusal of a reception (disk full, I/O error), until one is stored
         # again: /healthz reports the spool down meanwhile (every message gets a 4xx).
@@ -695,6 +702,10 @@ class Draft:
         if changes is not None:
             tenant, campaign, queue = _apply(changes, envelope, tenant, campaign, intake._routing_names, head)
             self._outbound_asked = _outbound_only(changes)
+        if (reserved := self._reserved_refusal(tenant)) is not None:
+            body.discard()
+            result.set_exception(Refused(reserved))
+            return result
         arrival = self.arrival
         # (an injection is composed with both: only a policy's removal can take them away)
         injected_and_edited = arrival.listener == "http" and self.envelope.headers_removed
@@ -739,6 +750,23 @@ class Draft:
                 return result
         self._store(result, body, now, tenant, campaign, queue, None)
         return result
+
+    def _reserved_refusal(self, tenant: str | None) -> Reply | None:
+        """550 5.7.1 when a recipient group's route (by its domain, or the routing domain the
+        policy gave) is reserved for other tenants than the message's (`[[route]] tenants`),
+        its tenant now final (the policy's `on_message` answered); None otherwise. Pigeon's own
+        DSNs are not refused here (refused, one would be stored again and again by the
+        settlement waiting for it): delivery bounces them, as it bounces all such mail."""
+        reserved = self._intake.route_tenants
+        if not reserved.any or self.arrival.listener == "local":
+            return None
+        routed = self.envelope.routing_domain
+        for group, _ in self._groups:
+            if group.target is None:
+                refusal = reserved.refusal(routed or group.domain, (tenant,), routed=routed is not None)
+                if refusal is not None:
+                    return refusal
+        return None
 
     def _signed(
         self,

@@ -420,3 +420,20 @@ def test_explain_says_the_mta_sts_policy_the_node_cached_and_which_mx_hosts_it_a
     assert plain.returncode == 0, plain.stderr
     assert "mta-sts" not in plain.stdout  # (none cached: no line)
     assert not [q for q in dns.zone.queries if q[0].startswith("_mta-sts.")]  # nothing looked up
+
+
+def test_explain_and_config_show_say_whose_mail_a_reserved_route_is_for(tmp_path: Path) -> None:
+    config = '[[route]]\ndomain = "*.globex.test"\nnext_hop = "relay.test:2525"\ntenants = ["globex"]\n'
+    config += '\n[[route]]\ndomain = "*"\nnext_hop = "mx.test:25"\n'
+    (tmp_path / "pigeon.toml").write_text(config)
+    reserved = pigeon_cli("shaping", "explain", "a.globex.test", "-c", "pigeon.toml", cwd=tmp_path)
+    as_json = pigeon_cli("shaping", "explain", "a.globex.test", "-c", "pigeon.toml", "--json", cwd=tmp_path)
+    anyone = pigeon_cli("shaping", "explain", "example.net", "-c", "pigeon.toml", "--json", cwd=tmp_path)
+    shown = pigeon_cli("config", "show", "-c", "pigeon.toml", "--changed", cwd=tmp_path)
+    assert reserved.returncode == 0, reserved.stderr
+    assert reserved.stdout.splitlines()[3] == (
+        "tenants   globex ([[route]] tenants: any other tenant's mail, or none's, is refused)"
+    )
+    assert json.loads(as_json.stdout)["route_tenants"] == ["globex"]
+    assert json.loads(anyone.stdout)["route_tenants"] is None
+    assert 'tenants = ["globex"]' in shown.stdout, shown.stdout

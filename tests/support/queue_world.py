@@ -323,6 +323,9 @@ class FakeRoutes:
     def cached(self, domain: str, target: str | None = None) -> Destination | None:
         return self.cache.get(domain)
 
+    def reserved_for(self, domain: str) -> frozenset[str] | None:
+        return None
+
     async def destination(self, domain: str, target: str | None = None) -> Destination:
         future: asyncio.Future[Destination] = asyncio.get_running_loop().create_future()
 

@@ -27,6 +27,7 @@ from pigeon.config.load import ConfigError, problems, read_text, unbindable_sour
 from pigeon.config.patterns import host_port
 from pigeon.config.schema import Config
 from pigeon.redaction import redact
+from pigeon.route_tenants import RouteTenants
 from pigeon.smtp.address import a_label
 
 _EXAMPLES = {
@@ -196,15 +197,18 @@ def run_explain(args: argparse.Namespace) -> int:
         (hop,) = destination.hops
         next_hop = host_port(hop.host, hop.port)
     queue = _queue_rate(config, args.config, text, args.queue) if args.queue is not None else None
+    # Whose mail its [[route]] is for (`tenants`): other tenants' is refused and bounced.
+    reserved = RouteTenants.from_config(config.route).reserved_for(domain)
+    route_tenants = sorted(reserved) if reserved is not None else None
     if args.json:
-        extra = {"hosts_from": destination.hops_from, "next_hop": next_hop} | (
+        extra = {"hosts_from": destination.hops_from, "next_hop": next_hop, "route_tenants": route_tenants} | (
             {"scheduled_queue": queue} if queue else {}
         )
         if sts is not None:
             extra["mta_sts"] = sts or None
         print(json.dumps(explanation.as_dict() | extra, indent=2))
     else:
-        _print(explanation, destination.hops_from, next_hop, sts)
+        _print(explanation, destination.hops_from, next_hop, sts, route_tenants)
         if queue is not None:
             rate = queue["max_message_rate"] or "none"
             print(f"\nscheduled queue {queue['name']}: max_message_rate {rate}  {queue['from']}")
@@ -288,13 +292,21 @@ _HOSTS: Final = {
 
 
 def _print(
-    explanation: Explanation, hops_from: str = "mx", next_hop: str | None = None, sts: dict[str, Any] | None = None
+    explanation: Explanation,
+    hops_from: str = "mx",
+    next_hop: str | None = None,
+    sts: dict[str, Any] | None = None,
+    route_tenants: list[str] | None = None,
 ) -> None:
     query, provider = explanation.query, explanation.provider
     label, every = _HOSTS[hops_from]
     print(f"domain    {query.domain}")
     print(f"site      {query.site}")
     print(f"{label:10}{next_hop or ' '.join(query.hosts) or '-'}")
+    if route_tenants is not None:  # (no line for a route of any tenant's mail: the common case reads as before)
+        print(
+            f"tenants   {', '.join(route_tenants)} ([[route]] tenants: any other tenant's mail, or none's, is refused)"
+        )
     if sts:  # (no line without a policy cached: the common case reads as before)
         print(f"mta-sts   {_describe_policy(sts)}")
     if query.source is not None:

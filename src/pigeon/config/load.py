@@ -51,6 +51,7 @@ from pigeon.listener.tls import PairProblem, check_pair
 from pigeon.node.privileges import IdentityError, identity
 from pigeon.queue.names import queue_part_problem
 from pigeon.redaction import redact_url
+from pigeon.route_tenants import matches_everything
 from pigeon.shaping.gcra import Rate
 from pigeon.shaping.providers import check_name, normalise_suffix, shipped
 from pigeon.shaping.reactions import ReactionError, compile_rule
@@ -303,6 +304,7 @@ def _finish(
                 route.auth_password_file = _resolve(route.auth_password_file, path.parent)
     _check_files(config, fail, reloadable=reloadable_files)
     _check_route_auth(config, fail, reloadable=reloadable_files)
+    _check_route_tenants(config, fail)
     _check_directories(config, fail)
     _check_listen_addresses(config, text, fail)
     _check_dkim(config, path, text, fail, keys=reloadable_files)
@@ -1296,6 +1298,30 @@ def _check_directories(config: Config, fail: Callable[..., ConfigError]) -> None
         if existing == directory:
             raise fail(keys, f"{directory} is a file, not a directory")
         raise fail(keys, f"{directory} cannot be made: {existing} is a file, not a directory")
+
+
+def _check_route_tenants(config: Config, fail: Callable[..., ConfigError]) -> None:
+    """A `[[route]]`'s `tenants` (the tenants whose mail it is for, `pigeon.route_tenants`)
+    name tenants, one at least, and reserve a route of some domains, not every one."""
+    for index, route in enumerate(config.route):
+        if route.tenants is None:
+            continue
+        name = f"route {route.domain!r}"
+        if not route.tenants:
+            reason = (
+                f"{name}: tenants = [] reserves the route for no tenant, so all its mail would bounce: name the "
+                "tenants whose mail it is for, or leave tenants out for a route of any tenant's mail"
+            )
+            raise fail(["route", "tenants"], reason, index)
+        if (problem := binding_problem(route.tenants)) is not None:
+            raise fail(["route", "tenants"], f"{name}: {problem}", index)
+        if matches_everything(route.domain.strip()):
+            reason = (
+                f"{name}: a route for every domain cannot be reserved for tenants: every other tenant's mail, and "
+                "Pigeon's own DSNs (of no tenant), would bounce. Give tenants to the [[route]]s of the domains "
+                "whose next hop is the tenants' (a smart host that logs in with their account)"
+            )
+            raise fail(["route", "tenants"], reason, index)
 
 
 def _check_route_auth(config: Config, fail: Callable[..., ConfigError], *, reloadable: bool = True) -> None:

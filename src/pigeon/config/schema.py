@@ -839,6 +839,12 @@ class RouteConfig(_Section):
     allow_plaintext_auth: bool = False
     """Allow AUTH with `tls = "disabled"`: the password crosses the network in clear. (Under
     "opportunistic", AUTH goes only once TLS is up, whatever this says.)"""
+    tenants: list[str] | None = None
+    """The tenants whose mail this route is for (["globex"]): a smart host's account is one
+    customer's. Mail of another tenant, or of none (Pigeon's own DSNs included), whose recipient
+    domain or routing domain picks this route is refused where it arrives (550 5.7.1) and
+    bounced, never sent through it, if it reaches the route later. None: any tenant's mail.
+    Not on a route for every domain ("*")."""
 
 
 class QueueConfig(_Section):

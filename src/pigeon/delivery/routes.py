@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import fnmatch
 import logging
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Final, Literal
 from pigeon.config.patterns import host_port
 from pigeon.delivery.mta_sts import WARNINGS, Applied, Mode
 from pigeon.delivery.mx import DnsFailure, Exchanger, Resolver
+from pigeon.route_tenants import route_matches
 from pigeon.smtp.client_auth import Credentials
 from pigeon.smtp.replies import Reply
 
@@ -57,9 +57,11 @@ class Route:
     tls_verify: bool | None = None
     ca_file: str | None = None  # CAs to verify against instead of the system's
     auth: Credentials | None = None  # who to authenticate to `next_hop` as (SMTP AUTH); None: no AUTH
+    # The tenants whose mail it is for (`[[route]] tenants`, `pigeon.route_tenants`); None: any.
+    tenants: frozenset[str] | None = None
 
     def matches(self, domain: str) -> bool:
-        return self.domain == "*" or fnmatch.fnmatchcase(domain, self.domain)
+        return route_matches(self.domain, domain)
 
 
 class Kind(enum.Enum):
@@ -153,8 +155,14 @@ class Router:
         self._cache.clear()
 
         def changed(domain: str, target: str | None = None) -> bool:
-            # An [[inbound]] route's mail goes to its target: no [[route]] applies.
-            return target is None and self._settings(old, domain) != self._settings(routes, domain)
+            # An [[inbound]] route's mail goes to its target: no [[route]] applies. A route
+            # reserved for other tenants since counts as a change: what waits for it is
+            # routed again, and so refused (`reserved_for`) rather than sent.
+            if target is not None:
+                return False
+            before, after = self._route(domain, old), self._route(domain, routes)
+            reserved = (before.tenants if before else None) != (after.tenants if after else None)
+            return reserved or self._settings(old, domain) != self._settings(routes, domain)
 
         return changed
 
@@ -162,6 +170,12 @@ class Router:
     def routes(self) -> list[Route]:
         """The static routes in force."""
         return self._routes
+
+    def reserved_for(self, domain: str) -> frozenset[str] | None:
+        """The tenants whose mail the route of `domain` is for (its `tenants`); None: any
+        tenant's (no route matches, or the first that does has no `tenants`)."""
+        route = self._route(domain, self._routes)
+        return route.tenants if route is not None else None
 
     def verifies_with_system_cas(self) -> bool:
         """Whether some mail may be verified against the system's CAs: the default's, or a

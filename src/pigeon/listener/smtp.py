@@ -638,6 +638,9 @@ class SmtpConnection(asyncio.Protocol):
                 self._respond(reply, "RCPT", recipient=event.recipient)
                 return
         recipient = Recipient(address, notify, event.orcpt)
+        if (reserved := self._reserved_refusal(recipient)) is not None:
+            self._respond(reserved, "RCPT", recipient=event.recipient)
+            return
         hook = self._listener.intake.policy.on_rcpt_to
         if hook is not None:
             session = self._session
@@ -663,6 +666,25 @@ class SmtpConnection(asyncio.Protocol):
                 return
         self._recipients.append(recipient)
         self._session.accept()
+
+    def _reserved_refusal(self, recipient: Recipient) -> Reply | None:
+        """550 5.7.1 for a recipient whose domain's `[[route]]` is reserved for other tenants
+        than any the AUTH user's mail can be of (`[[route]] tenants`): its binding's one tenant,
+        or, bound to several (or none), one of them or none. An unbound client's mail names its
+        tenant in its header section: the intake judges it at the end of DATA. The postmaster
+        and an `[[inbound]]` route's recipients go by no `[[route]]`."""
+        intake = self._listener.intake
+        reserved = intake.route_tenants
+        if not reserved.any:
+            return None
+        bound = self._binding(self._session.authenticated)
+        if bound is None or recipient.address == self._listener.postmaster:
+            return None
+        routes = intake.inbound_routes
+        if routes is not None and routes.target(recipient.address) is not None:
+            return None
+        possible: frozenset[str | None] = frozenset(bound) if len(bound) == 1 else frozenset({*bound, None})
+        return reserved.refusal(recipient.domain, possible)
 
     def _is_postmaster(self, address: str) -> bool:
         """<postmaster> (the parser lower-cases it without a domain), or postmaster at our own

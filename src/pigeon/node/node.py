@@ -62,6 +62,7 @@ from pigeon.node.standing import decode as decode_standing
 from pigeon.policy.hooks import Policy, PolicyLoadError, PolicyModule
 from pigeon.queue.admin import Admin
 from pigeon.queue.policy import InboundFailures
+from pigeon.route_tenants import RouteTenants
 from pigeon.shaping.effects import Board
 from pigeon.shaping.reactions import ReactionError
 from pigeon.shaping.rules import SETTINGS
@@ -222,6 +223,7 @@ class Node:
             self.metrics,
             outbox=outbox,
             inbound_routes=InboundRoutes([_inbound_route(r) for r in config.inbound]) if config.inbound else None,
+            route_tenants=RouteTenants.from_config(config.route),
             hostname=smtp.hostname,
             max_line=smtp.max_line_length,
             max_hops=smtp.max_hops,
@@ -632,6 +634,9 @@ class Node:
         )
         reactions_taken = False
         shaping_taken = False
+        # Which routes are reserved for which tenants, asked where mail arrives: in force with the
+        # routes (whether or not this node delivers: its mail may wait for one that does).
+        self.intake.route_tenants = RouteTenants.from_config(config.route)
         if self.outbound is not None:
             self.outbound.take_routes(routes)
             if reactions is not None:

@@ -440,6 +440,7 @@ def routes_from(config: Config) -> list[Route]:
             r.tls_verify,
             str(r.ca_file) if r.ca_file else None,
             _credentials(r),
+            frozenset(r.tenants) if r.tenants is not None else None,
         )
         for r in config.route
     ]

@@ -22,6 +22,10 @@ A reload that changes the routes (`reroute`) routes again what waits for a route
 changed, in a ready queue or taken and not begun: a ready queue is a site under a TLS policy,
 and its connections must not carry mail whose route now says otherwise.
 
+A message whose route is reserved for other tenants (`[[route]] tenants`) is not made ready:
+it bounces, 550 5.7.1 and a DSN, as mail for a domain that cannot be routed does
+(`pigeon.route_tenants`).
+
 Each message made ready is given its egress source (`egress`, `pigeon.delivery.egress`):
 from its policy hook's `egress_pool`, else its `[[queue]]`'s `pool` (`pigeon.queue.policy.egress_pool`,
 what `pigeon inspect` shows too), else `[delivery] pool`. A pool that does not
@@ -61,6 +65,7 @@ from pigeon.queue.policy import QueuePolicies, egress_pool
 from pigeon.queue.ready import ReadyQueues
 from pigeon.queue.settlement import Settlement
 from pigeon.queue.state import ActiveSet, AdminMark, Entry, Lease, State, transition
+from pigeon.route_tenants import reserved_reply
 from pigeon.shaping.throttles import Throttles
 from pigeon.smtp.replies import Reply
 from pigeon.spool.spool import Spool
@@ -77,6 +82,9 @@ class Routes(Protocol):
 
     async def destination(self, domain: str, target: str | None = None) -> Any:
         """Raises `Unroutable` when the domain cannot be resolved."""
+
+    def reserved_for(self, domain: str) -> frozenset[str] | None:
+        """The tenants whose mail the route of `domain` is for (`[[route]] tenants`); None: any."""
 
 
 # Defaults of the scheduler's hooks: plain functions, not lambdas (mypyc compiles this module).
@@ -392,6 +400,17 @@ class Scheduler:
 
     def _make_ready(self, entry: Entry, destination: Any) -> None:
         message = entry.message
+        envelope = message.envelope
+        if envelope.target is None:
+            # A route reserved for other tenants (`[[route]] tenants`) never carries this mail,
+            # however it came to it (a rebind, a policy's Reroute, a reload that reserved the
+            # route): it bounces, with a DSN, as a domain that cannot be routed does.
+            routed = envelope.routing_domain or envelope.recipients[0].domain
+            allowed = self._routes.reserved_for(routed)
+            if allowed is not None and envelope.tenant not in allowed:
+                reply = reserved_reply(routed, (envelope.tenant,), routed=envelope.routing_domain is not None)
+                self._settlement.unroutable(ActiveSet.lease(entry), Unroutable(reply))
+                return
         # The pool `pigeon inspect` shows (`egress_pool`); `egress` applies [delivery] pool.
         pool, _ = egress_pool(message.envelope, self._policies.for_queue(message.queue), None)
         try:

@@ -46,6 +46,11 @@ when its first recipient's message is composed (after the checks of what can nam
 at all, as SMTP reception asks them: a value that names none is 400 whoever the token); a
 later recipient whose own rendering names another gets `550 5.7.1`. With one tenant, a
 request naming none is that tenant's.
+
+A recipient whose domain's `[[route]]` is reserved for other tenants (`[[route]] tenants`)
+than its mail's (the request's tenant, or its token's) is refused, `550 5.7.1`, before the
+policy is asked about it; a message whose tenant only its content (or the policy) names is
+refused so by the intake, at its commit.
 """
 
 from __future__ import annotations
@@ -78,7 +83,7 @@ from pigeon.compose import (
 )
 from pigeon.config.schema import Config
 from pigeon.header_section import author_missing_in, malformed_field_in, repeated_field_in
-from pigeon.intake import Arrival, ClientGone, Draft, Refused, Stored
+from pigeon.intake import Arrival, ClientGone, Draft, Intake, Refused, Stored
 from pigeon.listener.http.body import declared_too_large, read_body, too_large_text
 from pigeon.listener.http.context import NODE_KEY
 from pigeon.listener.http.json_body import (
@@ -373,6 +378,15 @@ async def _inject(
     tenant = parsed.tenant or (next(iter(tenants)) if tenants is not None and len(tenants) == 1 else None)
     campaign = parsed.campaign or None
     metadata_of: dict[int, dict[str, str]] = {}
+    # The tenants its mail may be of, as far as the request says before anything is composed
+    # (`[[route]] tenants` refuses a recipient none of them may send to): the one it names or
+    # its token's one; a token bound to several, one of them or none. Else (an unbound token,
+    # no tenant named) its content's header may name any: the intake judges each message.
+    possible: frozenset[str | None] | None = None
+    if tenant is not None:
+        possible = frozenset({tenant})
+    elif tenants is not None:
+        possible = frozenset({*tenants, None})
 
     def refuse(result: RecipientResult, reply: Reply, *, message_id: str | None = None) -> None:
         """Refuse one recipient: its error, its Rejection record, its count."""
@@ -431,6 +445,9 @@ async def _inject(
             continue
         if everyone is not None:
             refuse(result, everyone)
+            continue
+        if (reserved := _reserved_refusal(node.intake, recipient.email, config.smtp.postmaster, possible)) is not None:
+            refuse(result, reserved)
             continue
         if on_rcpt_to is not None:
             rcpt = objects.RcptTo(session, peer_ip, "", sender, recipient.email, tuple(taken), None, holder, "http")
@@ -593,6 +610,20 @@ async def _inject(
     # itself cannot be carried out, and a client that looks only at the status must see it.
     everyone_refused = accepted == 0 and bool(results)
     return door.answer(response, 422 if everyone_refused else 200)
+
+
+def _reserved_refusal(
+    intake: Intake, email: str, postmaster: str, possible: frozenset[str | None] | None
+) -> Reply | None:
+    """550 5.7.1 for a recipient whose domain's `[[route]]` is reserved for other tenants than
+    any of `possible` (what its mail may be of; None: not known before it is composed), as
+    SMTP refuses its RCPT. The postmaster and an `[[inbound]]` route's recipients go by no route."""
+    reserved = intake.route_tenants
+    if possible is None or not reserved.any or email == postmaster:
+        return None
+    if intake.inbound_routes is not None and intake.inbound_routes.target(email) is not None:
+        return None
+    return reserved.refusal(Recipient(email).domain, possible)
 
 
 def _check_content_alone(
