@@ -194,6 +194,22 @@ is due at `HELD` itself, and waits for ever."""
 
 ENVELOPE_ENCODER: Final = msgspec.msgpack.Encoder()
 ENVELOPE_DECODER: Final = msgspec.msgpack.Decoder(Envelope)
+_ENVELOPE_ELEMENTS: Final = msgspec.msgpack.Decoder(list[msgspec.Raw])
+_TENANT_DECODER: Final = msgspec.msgpack.Decoder(str | None)
+_TENANT_AT: Final = Envelope.__struct_fields__.index("tenant")
+
+
+def envelope_tenant(envelope: bytes) -> str | None:
+    """A stored envelope's `tenant` (`ENVELOPE_ENCODER`'s msgpack), read without decoding the
+    rest: its elements are skipped over, not made into objects (its recipients may be
+    thousands). None for an envelope without one, and for bytes that are no envelope (the
+    whole decode, `ENVELOPE_DECODER`, refuses those)."""
+    try:
+        elements = _ENVELOPE_ELEMENTS.decode(envelope)
+        # (Trailing defaults are left out of what is stored: a short array has no tenant.)
+        return _TENANT_DECODER.decode(elements[_TENANT_AT]) if len(elements) > _TENANT_AT else None
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
 
 
 @dataclass(slots=True)

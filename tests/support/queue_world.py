@@ -147,6 +147,12 @@ class MemorySpool:
         row = self.rows.get(spool_id)
         return self._message(spool_id, row) if row is not None else None
 
+    def peek(self, spool_id: int) -> tuple[str, bytes | None] | None:
+        row = self.rows.get(spool_id)
+        if row is None:
+            return None
+        return row.queue, None if "@" in row.queue else row.envelope
+
     def body(self, body_id: int) -> bytes:
         return self.bodies[body_id]
 

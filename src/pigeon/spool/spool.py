@@ -163,6 +163,13 @@ class Spool(Protocol):
 
     def get(self, spool_id: int) -> Message | None: ...
 
+    def peek(self, spool_id: int) -> tuple[str, bytes | None] | None:
+        """A stored message's queue name and, where that name has no `@` (so no tenant part),
+        its envelope as stored, undecoded (None: a name with one); neither the rest of the row
+        nor its body is read. None when no row has this id (or its queue name is unreadable).
+        Whose mail it is, told at the cost of one indexed read: an absent id costs that read
+        too (`Admin.inspect` for a token bound to tenants)."""
+
     def body(self, body_id: int) -> bytes:
         """A stored body's bytes. Raises SpoolError if it cannot be read."""
 

@@ -129,6 +129,10 @@ _INSERT_MESSAGE: Final = (
     "INSERT INTO message (id, body, queue, created, size, attempts, due, envelope) VALUES (?, ?, ?, ?, ?, 0, ?, ?)"
 )
 _INSERT_OUTBOX: Final = "INSERT INTO outbox (seq, record) VALUES (?, ?)"
+_PEEK: Final = (
+    "SELECT CAST(queue AS BLOB), CASE WHEN instr(queue, '@') > 0 THEN NULL ELSE CAST(envelope AS BLOB) END"
+    " FROM message WHERE id = ?"
+)
 _CORRUPT: Final = frozenset({"SQLITE_CORRUPT", "SQLITE_NOTADB", "SQLITE_CORRUPT_INDEX", "SQLITE_CORRUPT_SEQUENCE"})
 _NO_ROOM: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
 _PAGE_SIZE: Final = 16384
@@ -534,6 +538,17 @@ class SqliteSpool:
     def get(self, spool_id: int) -> Message | None:
         found = self._messages("WHERE m.id = ?", (spool_id,))
         return found[0] if found else None
+
+    def peek(self, spool_id: int) -> tuple[str, bytes | None] | None:
+        # (SQLite reads a column only when it is asked for: a large envelope's overflow pages
+        # are not read for a queue name that has a tenant part.)
+        row = self._read().execute(_PEEK, (spool_id,)).fetchone()
+        if row is None or not isinstance(row[0], bytes):
+            return None
+        try:
+            return row[0].decode("utf-8"), row[1]
+        except UnicodeDecodeError:
+            return None
 
     def body(self, body_id: int) -> bytes:
         """A stored body's bytes. Raises SpoolError if it cannot be read."""

@@ -230,9 +230,10 @@ async def inspect(request: web.Request) -> web.Response:
         spool_id = parse_id(request.match_info["id"])
     except ValueError as error:
         raise bad_request(str(error), "id") from None
-    found = admin.inspect(spool_id)
+    # Another tenant's message is answered as none, word for word, and as soon: told from its
+    # queue name before it is read (`Admin.inspect`), its id tells nothing, not even by the time.
+    found = admin.inspect(spool_id, tenants)
     if found is None or (tenants is not None and not tenancy.owns_message(tenants, found)):
-        # Another tenant's message is answered as none, word for word: its id tells nothing.
         return content.no_message_here(request.app[NODE_KEY].config, request.match_info["id"])
     found["subject"] = content.subject(admin, spool_id)
     return web.json_response(found)
@@ -403,11 +404,18 @@ async def perform(
             beyond=_beyond(request.bound_to),
         )
     elif isinstance(request, AdminRequest):
-        answer = await admin.retry(request.selector(), request.id, messages=message_ids(request))
+        answer = await admin.retry(
+            request.selector(), request.id, messages=message_ids(request), bound_to=request.bound_to
+        )
     elif isinstance(request, HoldRequest):
         held = message_ids(request) or []  # (`_decode` made sure there are some)
         answer = await admin.hold(
-            request.selector(), messages=held, reason=request.reason, operator=operator, operation=request.id
+            request.selector(),
+            messages=held,
+            reason=request.reason,
+            operator=operator,
+            operation=request.id,
+            bound_to=request.bound_to,
         )
     else:
         assert isinstance(request, RuleRequest)

@@ -80,7 +80,7 @@ async def _stored(request: web.Request, *, headers_only: bool) -> web.StreamResp
         spool_id = parse_id(request.match_info["id"])
     except ValueError as error:
         raise bad_request(str(error), "id") from None
-    found = admin.inspect(spool_id)
+    found = admin.inspect(spool_id, tenants)  # (another tenant's: None, before its row is read)
     source: bytes | BinaryIO | None = None
     if found is not None and (tenants is None or tenancy.owns_message(tenants, found)):
         with contextlib.suppress(SpoolError):  # delivered meanwhile (its body gone): not here

@@ -712,8 +712,15 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
             "waited": count,
             "after_attempt": count,
             "running": {"type": "integer", "minimum": 0, "description": "workers still at it (0: done)"},
-            "started": {"type": "number"},
-            "finished": {"type": "number"},
+            "started": {
+                "type": "number",
+                "description": "Unix time; to a token bound to tenants, the whole second it began in",
+            },
+            "finished": {
+                "type": "number",
+                "description": "Unix time; to a token bound to tenants, started plus how long it ran rounded up to "
+                "whole seconds (at least 1): how long it looked at each id is not told",
+            },
             "rule_created": {
                 "type": "number",
                 "description": "A resume: when the suspension it ended was made (each resume of a rule id is a row)",

@@ -52,9 +52,10 @@ import fnmatch
 import hashlib
 import hmac
 import json
+import math
 import re
 from collections.abc import Collection, Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 from aiohttp import web
 
@@ -289,7 +290,9 @@ def confined_answer(action: str, answer: Any, tenants: Collection[str]) -> Any:
         _keep_not_held(answer, named)
     elif action == "operations" and isinstance(answer.get("operations"), list):
         answer["operations"] = [
-            op for op in answer["operations"] if isinstance(op, dict) and owns_rule(tenants, op.get("selector", {}))
+            coarse_times(op)
+            for op in answer["operations"]
+            if isinstance(op, dict) and owns_rule(tenants, op.get("selector", {}))
         ]
     elif action in ("list-bounce", "list-suspend") and isinstance(answer.get("rules"), list):
         answer["rules"] = [
@@ -302,6 +305,31 @@ def confined_answer(action: str, answer: Any, tenants: Collection[str]) -> Any:
             # (rule id -> the nodes that hold it: another tenant's ids are not told here either)
             cluster["held_by"] = {rule_id: nodes for rule_id, nodes in cluster["held_by"].items() if rule_id in shown}
     return answer
+
+
+def coarse_times(operation: dict[str, Any]) -> dict[str, Any]:
+    """A bulk operation's times as a token bound to tenants reads them: whole seconds, `started`
+    the second it began in, `finished` that plus how long it ran rounded up to whole seconds (at
+    least one). Precise, they would time the worker's look at each id an operation names, and an
+    id of another tenant's message (read, then answered `not_found`) takes it 10-40 times as long
+    as one of none: one sample would tell the two apart. Rounded so, any operation on a few ids
+    reads as `started` t, `finished` t + 1. Its other members are left as they are (`rule_created`
+    is when a rule was made, not how long a look took). Applied again to times that are whole
+    already (a cluster's answers, each confined by its node, then added up), it changes nothing.
+    A copy: `operation` may be the worker's own record of it (`Admin.operations`), which the
+    operator reads too, and a running operation goes on writing."""
+    started, finished = operation.get("started"), operation.get("finished")
+    if not _finite(started):
+        return operation
+    shown = {**operation, "started": math.floor(started)}
+    if _finite(finished):
+        shown["finished"] = shown["started"] + max(1, math.ceil(finished - started))
+    return shown
+
+
+def _finite(value: Any) -> TypeGuard[float]:
+    """Whether `value` is a time: a number (JSON's: not a bool), finite."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _message_row(row: Any, pending: list[str]) -> Any:
