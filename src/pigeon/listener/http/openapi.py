@@ -610,9 +610,9 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
     made_due = _object(
         {"made_due": count, "suspended": count, "bounced": count, "operation": operation_id, "messages": retried},
         "made_due",
-        doc="made_due: messages due now; suspended: matching messages a suspension holds, left held by it (of "
-        "messages named by id and held by an operator too, that hold is released); bounced: matching messages a "
-        "live standing bounce covers, bounced as they come due now",
+        doc="made_due: messages due now; suspended: matching messages a suspension holds, left held by it (those "
+        "held for an operator too are released from that hold all the same: they go when it ends); bounced: "
+        "matching messages a live standing bounce covers, bounced as they come due now",
     )
     on_hold = {
         **count,
