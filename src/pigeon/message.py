@@ -124,6 +124,10 @@ class AfterAttempt(msgspec.Struct, array_like=True, omit_defaults=True, frozen=T
     kind: str
     reason: str = ""
     operator: str = ""
+    # The tenants of the token that asked (`[[http.token]] tenants`), sorted; None: a token bound
+    # to none (the operator), and every mark stored before it was kept. A hold keeps it
+    # (`Envelope.hold_bound_to`): who may release it.
+    bound_to: list[str] | None = None
 
 
 class Envelope(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -178,6 +182,13 @@ class Envelope(msgspec.Struct, array_like=True, omit_defaults=True):
     # operator is answered: whatever ends that attempt (its outcome, a stop, a crash), what it does
     # not deliver is held or bounced, never tried again. Cleared by the outcome that applies it.
     after_attempt: AfterAttempt | None = None
+    # The tenants of the token that held it (`pigeon hold`, with `hold_operator`), sorted; None:
+    # a token bound to none, the operator (and every hold stored before it was kept, which were
+    # the operator's as far as anyone can tell). A token bound to tenants releases only a hold of
+    # a token bound to none but its tenants (`pigeon.listener.http.tenancy.releases`): the
+    # operator's hold of its mail is not its to lift by retrying it. Last, with a default, as
+    # `delay_warned`.
+    hold_bound_to: list[str] | None = None
 
     def __post_init__(self) -> None:
         # Spools written before `target` existed said "inbound:<target>" as the routing domain.

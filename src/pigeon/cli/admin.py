@@ -225,6 +225,7 @@ _RETRY_RESULTS: Final = {
     "made_due": "due now",
     "already_due": "due already: waiting for a connection, or being sent",
     "suspended": "left held by a suspension (`pigeon suspend --list`, then `pigeon resume ID`)",
+    "held": "left held: held by someone this token cannot release (`pigeon inspect` says who)",
     "bounced": "bounced instead (a standing bounce covers it: `pigeon bounce --list`)",
 }
 _NOT_FOUND: Final = "not found: delivered, bounced or expired already, or no such message"
@@ -349,7 +350,10 @@ def _retry(args: argparse.Namespace) -> int:
         text += "; {suspended} left held by a suspension (`pigeon suspend --list`, then `pigeon resume ID`)"
     if said.get("bounced"):
         text += "; {bounced:count message} bounced instead (a standing bounce covers them: `pigeon bounce --list`)"
-    if said.get("on_hold"):
+    if said.get("on_hold") and args.messages:
+        # (Named by id: a token bound to tenants, and a hold it cannot release, the operator's.)
+        text += "; {on_hold:count message} left held by someone this token cannot release"
+    elif said.get("on_hold"):
         text += "; {on_hold:count message} left held by an operator (`pigeon hold`: release each by its --id)"
     text += _each_message(said, _RETRY_RESULTS, args)
     return _show(args, status, answer, text)

@@ -17,7 +17,8 @@ again, with `max_age` counted afresh. Resuming a suspension does not release it.
 `hold` holds messages by id (`postsuper -h`), as a bounce by id finds them: claimed and put
 back due at `HELD` with the operator's reason (`AdminHold`); one being sent, as far as its
 attempt leaves it, when the attempt ends. Released by `retry` of its id only (a retry by
-selector leaves it, `on_hold`), with `max_age` still counted from its arrival: held mail does
+selector leaves it, `on_hold`; so does a retry by id of a token bound to tenants, of a hold
+that is not its binding's: `Envelope.hold_bound_to`), with `max_age` still counted from its arrival: held mail does
 not expire while held, and released past `max_age` it expires at its next turn, with the usual
 DSN. A rebind moves it and leaves it held.
 
@@ -304,9 +305,10 @@ class Admin:
         being sent is held when its attempt ends, as far as that attempt leaves it (the same walk
         as a bounce by id). One held already (by an operator, or an `[[inbound]]` route's) is
         left as it is: neither claimed nor released. Makes no rule: ids only, never new mail.
-        `bound_to`: the tenants of the token that asked: another tenant's message is answered
-        `not_found` without being read (`_batches`)."""
-        mark = AdminMark(reason, operator)
+        `bound_to`: the tenants of the token that asked (None: unbound): another tenant's message
+        is answered `not_found` without being read (`_batches`), and they are kept with the hold
+        (`Envelope.hold_bound_to`): who may release it (`retry`'s `kept`)."""
+        mark = AdminMark(reason, operator, tuple(bound_to) if bound_to is not None else None)
         became: dict[SpoolId, tuple[str, int]] = {}
         missed: dict[SpoolId, list[str]] = {}
 
@@ -634,23 +636,31 @@ class Admin:
         of_rule: float | None = None,
         messages: Sequence[SpoolId] | None = None,
         bound_to: list[str] | None = None,
+        kept: Callable[[Message], bool] | None = None,
     ) -> dict[str, Any]:
         """Make matching deferred messages due now (a settling one: once its outcome is written),
         held ones too unless `release` is False. `kind`: the operation's name in its progress;
         `of_rule`: a resume's, when the rule it ended was made (`rule_created` in its progress).
         Of those, the ones a live standing bounce covers are bounced as they come due, not
-        attempted: counted apart (`bounced`), not as `made_due`. `messages`: only these
-        (`postqueue -i`), of those `selector` matches; the answer says of each what became of it.
-        Mail an operator held (`hold`) is released by its id alone: a retry by selector leaves
-        it held, counted in `on_hold`. `bound_to`: the tenants of the token that asked: of
-        `messages`, another tenant's is answered `not_found` without being read (`_batches`)."""
+        attempted: counted apart (`bounced`), not as `made_due`; and those a suspension holds
+        are left held by it (`suspended`), not `made_due` either: held mail of theirs is released
+        all the same (its hold lifted, the suspension holds it until its end or resume).
+        `messages`: only these (`postqueue -i`), of those `selector` matches; the answer says of
+        each what became of it. Mail an operator held (`hold`) is released by its id alone: a
+        retry by selector leaves it held, counted in `on_hold`. `kept`: the operators' holds the
+        asker cannot release (a token bound to tenants: one it did not make, or one of a token
+        of another tenant too, `tenancy.releases`), of which one named by id is left held too
+        (its row `held`, counted in `on_hold`), not made due: else the operator's hold of a
+        tenant's mail would be the tenant's to lift, and the mail would go out. `bound_to`: the
+        tenants of the token that asked: of `messages`, another tenant's is answered `not_found`
+        without being read (`_batches`)."""
         now = self._clock()
-        suspended = bounced = on_hold = 0
+        suspended = bounced = on_hold = released_suspended = 0
         became: dict[SpoolId, tuple[str, int]] = {}
         missed: dict[SpoolId, list[str]] = {}
 
         def deferred(message: Message) -> bool:
-            nonlocal suspended, bounced, on_hold
+            nonlocal suspended, bounced, on_hold, released_suspended
             if message.due <= now or not (release or message.envelope.held is None):
                 became[message.id] = ("already_due", 0)
                 return False
@@ -659,16 +669,27 @@ class Admin:
                 # it by its id lets it go, not a retry of its queue or domain (`postqueue -f`).
                 on_hold += 1
                 return False
-            if message.envelope.held is None and self._rules.suspension_of(message) is not None:
+            if message.envelope.hold_operator is not None and kept is not None and kept(message):
+                # Named by id, but held by someone the asker cannot release (the operator): left
+                # held, said without whose hold it is or why (`pigeon inspect` says that).
+                on_hold += 1
+                became[message.id] = ("held", 0)
+                return False
+            if self._rules.suspension_of(message) is not None:
                 suspended += 1  # due now, it would only be held again: said, not claimed as done
                 became[message.id] = ("suspended", 0)
-                return False
+                if message.envelope.held is None:
+                    return False
+                # Held for an operator too: released (what was asked), and the suspension holds
+                # it, untried, until it ends. Counted as what it is now, not as `made_due`.
+                released_suspended += 1
+                return True
             if self._rules.bounce_of(message) is not None:
                 bounced += 1  # (held by a suspension, and missed by the bounce's walk: cut short by a stop)
                 became[message.id] = ("bounced", 0)
                 return True
             became[message.id] = ("made_due", 0)
-            return True  # (held [[inbound]] mail is released: the suspension then holds it, untried)
+            return True
 
         def in_memory(entry: Entry) -> None:
             became[entry.id] = ("already_due", 0)  # routed, waiting for a connection, or being sent
@@ -691,7 +712,8 @@ class Admin:
             missed=missed,
             of_tenants=bound_to,
         )
-        answer: dict[str, Any] = {"made_due": made_due - bounced, "suspended": suspended, "bounced": bounced}
+        made_due -= bounced + released_suspended
+        answer: dict[str, Any] = {"made_due": made_due, "suspended": suspended, "bounced": bounced}
         if on_hold:
             answer["on_hold"] = on_hold
         if messages is not None:
@@ -913,6 +935,9 @@ class Admin:
             "held": envelope.held,
             # The operator (API token) who held it (`pigeon hold`); None: no operator's hold.
             "hold_operator": envelope.hold_operator,
+            # The tenants of the token that held it, sorted (None: a token bound to none, the
+            # operator): a token bound to tenants releases only a hold of theirs (`tenancy.releases`).
+            "hold_bound_to": envelope.hold_bound_to,
             # When held mail ends unreleased ([[inbound]] held_for); None: it waits for ever.
             "held_until": message.due - HELD if envelope.held is not None and message.due > HELD else None,
             "last_response": envelope.last_response,

@@ -318,7 +318,9 @@ class Scheduler:
             # leaves it held and due, and it is released again. Released from an operator's own
             # hold (`pigeon hold`), it is as old as it is: past max_age, it expires just below.
             released = message.envelope.released if message.envelope.hold_operator else self._clock()
-            envelope = msgspec.structs.replace(message.envelope, held=None, hold_operator=None, released=released)
+            envelope = msgspec.structs.replace(
+                message.envelope, held=None, hold_operator=None, hold_bound_to=None, released=released
+            )
             message.envelope = envelope
         policy = self._policies.for_queue(message.queue)
         if self._clock() >= policy.retry.expires(message.age_from):
@@ -349,7 +351,7 @@ class Scheduler:
         that attempt left no outcome (a stop cut it before its content went, or the process
         died): what the operator was told is done now, before any other attempt. What an
         attempt delivered is out of the row already (its outcome committed with its records)."""
-        mark = AdminMark(pending.reason, pending.operator)
+        mark = AdminMark.of(pending)
         recipients = len(entry.message.envelope.recipients)
         if pending.kind == "bounce":
             _log.warning("admin bounce by %s: message %s, whose attempt was cut short (a stop, or a crash), "

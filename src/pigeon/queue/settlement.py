@@ -159,7 +159,10 @@ def held_envelope(envelope: Envelope, mark: AdminMark) -> Envelope:
     why = f"held by operator {mark.operator!r}" + (f": {mark.reason}" if mark.reason else "")
     pending = envelope.after_attempt
     after = pending if pending is not None and pending.kind == "bounce" else None
-    return msgspec.structs.replace(envelope, held=why, hold_operator=mark.operator, after_attempt=after)
+    bound = list(mark.bound_to) if mark.bound_to is not None else None
+    return msgspec.structs.replace(
+        envelope, held=why, hold_operator=mark.operator, hold_bound_to=bound, after_attempt=after
+    )
 
 
 def marks_after_attempt(entry: Entry) -> tuple[AdminMark | None, AdminMark | None]:
@@ -169,7 +172,7 @@ def marks_after_attempt(entry: Entry) -> tuple[AdminMark | None, AdminMark | Non
     bounce, hold = entry.admin_bounce, entry.admin_hold
     pending = entry.message.envelope.after_attempt
     if pending is not None:
-        mark = AdminMark(pending.reason, pending.operator)
+        mark = AdminMark.of(pending)
         if pending.kind == "bounce":
             bounce = bounce or mark
         else:
@@ -318,7 +321,8 @@ class Settlement:
         message = entry.message
         pending = message.envelope.after_attempt
         if pending is None or pending.kind != "bounce":
-            written = AfterAttempt(kind, mark.reason, mark.operator)
+            bound = list(mark.bound_to) if mark.bound_to is not None else None
+            written = AfterAttempt(kind, mark.reason, mark.operator, bound)
             message.envelope = msgspec.structs.replace(message.envelope, after_attempt=written)
         durable: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # (An outcome of the attempt made durable first applied the mark: answered then too.)

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Final, NamedTuple
 
 import msgspec
 
-from pigeon.message import Envelope, Message, SpoolId, format_id
+from pigeon.message import AfterAttempt, Envelope, Message, SpoolId, format_id
 from pigeon.queue.names import queue_parts
 
 if TYPE_CHECKING:
@@ -105,10 +105,19 @@ class AdminMark:
     attempt does not deliver ends with `AdminBounce` instead of being retried (or is held, with
     `AdminHold`: `Entry.admin_hold`); its row carries it too (`Envelope.after_attempt`), so a
     stop or a crash before the attempt ends does not lose it. Also what an operator's hold of a
-    message not being sent is made with (`Settlement.hold`)."""
+    message not being sent is made with (`Settlement.hold`). `bound_to`: the tenants of the
+    token that asked, sorted (None: unbound, the operator), which a hold keeps
+    (`Envelope.hold_bound_to`)."""
 
     reason: str
     operator: str
+    bound_to: tuple[str, ...] | None = None
+
+    @staticmethod
+    def of(pending: AfterAttempt) -> AdminMark:
+        """The mark a row's `after_attempt` was written from."""
+        bound = tuple(pending.bound_to) if pending.bound_to is not None else None
+        return AdminMark(pending.reason, pending.operator, bound)
 
 
 @dataclass(frozen=True, slots=True)

@@ -627,7 +627,10 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
         {
             "made_due": "deferred (or held), due now",
             "already_due": "due already: waiting for its turn or a connection, or being sent",
-            "suspended": "a suspension holds it: left as it was",
+            "suspended": "a suspension holds it: left held by it (held by an operator too: that hold is "
+            "released, and the suspension holds it until its end or resume)",
+            "held": "a token bound to tenants only: an operator's hold it cannot release holds it (one made by a "
+            "token bound to no tenant, or to another tenant too): left held, counted in on_hold",
             "bounced": "a live standing bounce covers it: bounced as it comes due now",
             "not_selected": not_selected,
             "not_found": not_found,
@@ -636,13 +639,15 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
     made_due = _object(
         {"made_due": count, "suspended": count, "bounced": count, "operation": operation_id, "messages": retried},
         "made_due",
-        doc="made_due: messages due now; suspended: matching messages a suspension holds, left as they were; "
-        "bounced: matching messages a live standing bounce covers, bounced as they come due now",
+        doc="made_due: messages due now; suspended: matching messages a suspension holds, left held by it (those "
+        "held for an operator too are released from that hold all the same: they go when it ends); bounced: "
+        "matching messages a live standing bounce covers, bounced as they come due now",
     )
     on_hold = {
         **count,
         "description": "Without messages: matching messages an operator held (POST /api/v1/admin/hold), left "
-        "held: only a retry of their ids releases them (absent: none)",
+        "held: only a retry of their ids releases them. With messages, from a token bound to tenants: those held "
+        "by a hold it cannot release (rows held). Absent: none",
     }
     made_due["properties"]["on_hold"] = on_hold
     held_by_id = _object(
@@ -765,6 +770,13 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
                 "operator <token>: <reason>', POST /api/v1/admin/hold) or an [[inbound]] target's refusal or expiry",
             },
             "hold_operator": {**text_or_none, "description": "Who held it (POST /api/v1/admin/hold); null: no one"},
+            "hold_bound_to": {
+                "type": ["array", "null"],
+                "items": {"type": "string"},
+                "description": "The tenants of the token that held it ([[http.token]] tenants), sorted; null: a "
+                "token bound to none (the operator), or not held by POST /api/v1/admin/hold. A token bound to "
+                "tenants releases (retries by id) only a hold of a token bound to none but its tenants",
+            },
             "held_until": number_or_none,
             "last_response": text_or_none,
             "tenant": text_or_none,

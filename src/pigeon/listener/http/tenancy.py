@@ -20,6 +20,10 @@ endpoint such a token reaches:
   bounce, retry or hold names by id, `not_found` (not `not_selected`, queued but not selected).
   So is a rule of its tenant that a token bound to no tenant (the operator) or to another
   tenant too made (`reaches`): the ESP's suspension of a customer is not the customer's to lift;
+- likewise a hold (`pigeon hold`) of its tenants' mail made by the operator or by a token bound
+  to another tenant too (`releases`, on the binding the message's row keeps:
+  `Envelope.hold_bound_to`): a retry of its id leaves it held (row `held`), not naming whose hold
+  it is; a bounce of it is the token's to make (it sends the recipients nothing);
 - the ids its rules and operations get are its binding's own (`admin.with_id`): an id it gives
   never names another's rule, so neither a 409 nor an `already` tells it of one;
 - reads show its tenants' scheduled queues, rules and bulk operations only; the ready queues
@@ -249,6 +253,18 @@ def reaches(tenants: Collection[str], rule: Mapping[str, Any] | Any) -> bool:
     if not isinstance(bound_to, list) or not bound_to or not set(bound_to) <= set(tenants):
         return False
     return owns_rule(tenants, selector)
+
+
+def releases(tenants: Collection[str], hold_bound_to: list[str] | None) -> bool:
+    """Whether a token bound to `tenants` may release (retry by id) a message its tenants' that a
+    token bound to `hold_bound_to` held (`Envelope.hold_bound_to`), as `reaches` says it of a rule:
+    a token bound to none but them. A hold by a token bound to no tenant (the operator, and every
+    hold stored before the binding was kept) or to another tenant too is out of its reach: the
+    operator held that mail so that it would not go, and a release would send it. (It may still
+    bounce it: a bounce sends nothing but the DSN its own sender gets.)"""
+    if not isinstance(hold_bound_to, list) or not hold_bound_to:
+        return False
+    return set(hold_bound_to) <= set(tenants)
 
 
 def owns_message(tenants: Collection[str], found: Mapping[str, Any]) -> bool:
