@@ -71,6 +71,7 @@ import msgspec
 from aiohttp import web
 
 from pigeon.compose import (
+    Composed,
     ComposeError,
     Composer,
     InjectRecipient,
@@ -544,16 +545,7 @@ async def _inject(
                              config, bound, tenant_header, peer, holder)  # fmt: skip
     if sharing:
         composed = composer.compose(sharing[0][1])  # (nothing rendered: the same for every recipient)
-        unfit = check_message(
-            composed.data,
-            max_size=config.smtp.max_message_size,
-            max_line_length=config.smtp.max_line_length,
-            uncounted=composed.own,
-        )
-        if unfit is not None and not parsed.template:
-            raise content_refused(unfit)
-        if (repeated := repeated_field_in(composed.data)) is not None:
-            raise content_refused(replies.content_field_repeated(repeated))
+        unfit = _unfit_content(composed, parsed, config)
         # (a template without a `{` that fails the check: refused per recipient, as rendered ones are)
         messages = _shared_messages(sharing, config.smtp.max_recipients) if unfit is None else []
         if unfit is not None:
@@ -647,16 +639,7 @@ def _check_content_alone(
         raise bad_request(str(error), f"$.content.{error.field}" if error.field != "raw" else "$.content") from None
     except ComposeError:
         return
-    unfit = check_message(
-        composed.data,
-        max_size=config.smtp.max_message_size,
-        max_line_length=config.smtp.max_line_length,
-        uncounted=composed.own,
-    )
-    if unfit is not None and not parsed.template:
-        raise content_refused(unfit)
-    if (repeated := repeated_field_in(composed.data)) is not None:
-        raise content_refused(replies.content_field_repeated(repeated))
+    _unfit_content(composed, parsed, config)
     envelope = Envelope(
         parsed.envelope_sender,
         [Recipient(recipient.email)],
@@ -673,6 +656,24 @@ def _check_content_alone(
             raise whole
     finally:
         draft.discard()
+
+
+def _unfit_content(composed: Composed, parsed: InjectRequest, config: Config) -> Reply | None:
+    """Why `composed` cannot be stored as SMTP reception would refuse it (`check_message`), or
+    None. Content refused whole (not a template's, and any with a header field given twice) is
+    refused here, for the whole request (400); a template's unfit rendering is returned, to be
+    refused per recipient, as a rendering for each is."""
+    unfit = check_message(
+        composed.data,
+        max_size=config.smtp.max_message_size,
+        max_line_length=config.smtp.max_line_length,
+        uncounted=composed.own,
+    )
+    if unfit is not None and not parsed.template:
+        raise content_refused(unfit)
+    if (repeated := repeated_field_in(composed.data)) is not None:
+        raise content_refused(replies.content_field_repeated(repeated))
+    return unfit
 
 
 def _shared_messages(
