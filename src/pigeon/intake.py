@@ -739,12 +739,12 @@ class Draft:
                     envelope.dkim,
                     then=lambda signed: self._signed(signed, result, body, now, tenant, campaign, queue),
                 )
-            except signing.Refused as error:
+            except signing.Refused as refused:
                 # A signer the policy named that cannot sign this message (another author
                 # domain, another tenant) would make a signature that fails, or sign with a
                 # key that is not this mail's: refused as an unknown name is (the hook failed).
                 body.discard()
-                result.set_exception(self._policy_failed(error))
+                result.set_exception(self._policy_failed(refused))
                 return result
             if signing_now:
                 return result

@@ -127,8 +127,8 @@ def test_a_suspension_resumed_while_its_node_was_stopped_stays_resumed_there_aft
     assert not sink.received, "mail the suspension holds went out"
     b.stop()
     status, resumed = _api(a, "DELETE", f"/api/v1/admin/suspend/{rule_id}")
-    # b stopped, known still: it takes the resume when it starts (the answer says it is pending there).
-    assert status == 200 and resumed["cluster"]["nodes"] == {"a": "done", "b": "pending"}, resumed
+    # b stopped, known still: it takes the resume when it starts (the answer says so: `at_start`).
+    assert status == 200 and resumed["cluster"]["nodes"] == {"a": "done", "b": "at_start"}, resumed
     redis_server.kill()  # kill -9, no persistence: the resume's tombstone is gone with the rest
     redis_server.start()
     client = redis_server.client()

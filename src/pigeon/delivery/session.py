@@ -970,10 +970,10 @@ class ClientConnection:
         rest = dataclasses.replace(envelope, recipients=[envelope.recipients[i] for i in again])
         try:
             more, _ = await self.send(rest)
-        except ConnectionLost as error:
+        except ConnectionLost as lost:
             self._carried = None
             for index in again:
-                replies[index] = error.reply
+                replies[index] = lost.reply
             return Result(replies, result.mail_reply, result.data_reply)
         self._carried = None  # (left set if a stop cancels the send: `answered_before_cut` reads it)
         for index, reply in zip(again, more.replies, strict=True):

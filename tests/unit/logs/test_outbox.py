@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any, cast
 
 import msgspec
 import pytest
@@ -32,6 +33,7 @@ from pigeon.logs.outbox import (
 from pigeon.logs.reader import read_records
 from pigeon.logs.records import Delivery, Rejection, Response
 from pigeon.logs.writer import LogWriter
+from pigeon.spool.spool import Spool
 from pigeon.spool.sqlite import SqliteSpool
 
 QUICK = 0.01  # forget cycle period in these tests
@@ -147,14 +149,19 @@ async def test_rows_are_forgotten_only_after_the_fsync_that_covered_their_lines(
 ) -> None:
     disk = Disk(monkeypatch)
     log = writer(tmp_path)
-    outbox = Outbox(log, {0: spool}, forget_after=QUICK)
-    written = spool.outbox_written
 
-    def forget(seqs: list[int]) -> asyncio.Future[None]:
-        disk.events.append(f"forget {len(seqs)}")
-        return written(seqs)
+    class Forgetting:
+        """The spool, as the outbox sees it, noting each deletion of rows among the disk's
+        events (a stand-in: a compiled SqliteSpool's methods cannot be replaced on it)."""
 
-    monkeypatch.setattr(spool, "outbox_written", forget)
+        def __getattr__(self, name: str) -> Any:
+            return getattr(spool, name)
+
+        def outbox_written(self, seqs: list[int]) -> asyncio.Future[None]:
+            disk.events.append(f"forget {len(seqs)}")
+            return spool.outbox_written(seqs)
+
+    outbox = Outbox(log, {0: cast(Spool, Forgetting())}, forget_after=QUICK)
     disk.fsync_allowed.clear()  # the disk takes its time
     seqs = await commit(outbox, spool, range(5))
     await asyncio.sleep(0.2)  # many forget periods

@@ -23,11 +23,9 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-import redis.asyncio as aioredis
 from aiohttp import web
-from redis.exceptions import RedisError, WatchError
 
 from pigeon.config.schema import Config
 from pigeon.listener.http import tenancy
@@ -35,6 +33,12 @@ from pigeon.listener.http.auth import Scope
 from pigeon.listener.http.context import NODE_KEY
 from pigeon.node.presence import PRESENCE, known_nodes, presence_key
 from pigeon.redaction import redact, redact_url
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+
+# (redis is imported where these endpoints are asked, not with the HTTP app: a node without
+# [redis] does not load the client, nor the cryptography it brings; test_start_up_imports.)
 
 _log = logging.getLogger(__name__)
 
@@ -46,6 +50,8 @@ NO_CLUSTER: Final = "this node has no [redis] url: it is in no cluster, and know
 
 async def nodes(request: web.Request) -> web.Response:
     _unbound(request, "read")
+    from redis.exceptions import RedisError
+
     config = request.app[NODE_KEY].config
     client = _client(config)
     try:
@@ -59,6 +65,8 @@ async def nodes(request: web.Request) -> web.Response:
 
 async def forget(request: web.Request) -> web.Response:
     operator = _unbound(request, "admin")
+    from redis.exceptions import RedisError, WatchError
+
     config = request.app[NODE_KEY].config
     name = request.match_info["node"]
     client = _client(config)
@@ -114,12 +122,16 @@ def _unbound(request: web.Request, scope: Scope) -> str:
 
 
 def _client(config: Config) -> aioredis.Redis:
+    import redis.asyncio as aioredis
+
     timeout = float(config.redis.timeout)
     assert config.redis.url is not None
     return aioredis.Redis.from_url(config.redis.url, socket_timeout=timeout, socket_connect_timeout=timeout)
 
 
 async def _close(client: aioredis.Redis) -> None:
+    from redis.exceptions import RedisError
+
     try:
         await client.aclose()
     except (RedisError, OSError):
