@@ -52,10 +52,12 @@ class RouteTenants:
     """Which tenants each `[[route]]` is reserved for, in the routes' order (the first route
     that matches a domain is its route, as for the router)."""
 
-    __slots__ = ("_routes",)
+    __slots__ = ("_any", "_routes")
 
     def __init__(self, routes: Sequence[tuple[str, frozenset[str] | None]] = ()) -> None:
         self._routes = tuple((pattern.lower(), tenants) for pattern, tenants in routes)
+        # (Asked for every message and recipient: known once, as the routes never change.)
+        self._any = any(tenants is not None for _, tenants in self._routes)
 
     @classmethod
     def from_config(cls, routes: Sequence[RouteConfig]) -> RouteTenants:
@@ -64,7 +66,7 @@ class RouteTenants:
     @property
     def any(self) -> bool:
         """Whether some route is reserved (else nothing needs asking)."""
-        return any(tenants is not None for _, tenants in self._routes)
+        return self._any
 
     def reserved_for(self, domain: str) -> frozenset[str] | None:
         """The tenants the route of `domain` is for; None: any tenant's mail (no route, or one
