@@ -538,8 +538,7 @@ def confine_received(
             decoded = json.loads(body)
             if isinstance(decoded, dict) and decoded.get("bound_to") is not None:
                 bound = decoded["bound_to"]
-                given = bound if isinstance(bound, list) and all(isinstance(t, str) for t in bound) else []
-                tenants = frozenset(given)
+                tenants = frozenset(bound if _tenant_list(bound) else [])
             elif isinstance(decoded, dict) and tenants is not None:
                 body = json.dumps({**decoded, "bound_to": sorted(tenants)}).encode()
     if tenants is None or method not in ("POST", "DELETE"):
