@@ -24,7 +24,7 @@ Only a refusal one connection's end would let in sets it: a node running a lower
 the holders' (a reaction's effect) finds more leases than its limit, and no idle connection
 elsewhere that closes would let it in.
 
-Such a refusal also puts the worker in the limit's line (`line:`, worker -> when it joined),
+Such a refusal also puts the worker in the limit's line (`line:`, worker -> the µs it joined),
 and a slot that frees goes to the workers in it, first come first: `_ACQUIRE` lets in a worker
 only if fewer stand ahead of it than there are free slots. Else a connection that made room for
 another node's waiter (its turn over, `Throttles.keep`) freed a slot that the other worker of
@@ -153,7 +153,8 @@ end
 
 # KEYS[1] the limit's leases (member -> expiry, ms of Redis's clock), KEYS[2] their epoch,
 # KEYS[3] the limit's demand (set while a caller finds it reached, not past), KEYS[4] its line
-# of waiting workers (worker -> ms it joined), KEYS[5] their tickets (worker -> expiry ms).
+# of waiting workers (worker -> µs it joined: in ms, workers refused one after another tied,
+# and the later was let in before the earlier), KEYS[5] their tickets (worker -> expiry ms).
 # ARGV: limit, member, lease ms, the caller's epoch ('' none yet), a new epoch's id, SETTLE ms,
 # the deadline (ms of Redis's clock, 0 none), ms a demand lasts, the caller's worker, ms a
 # ticket lasts. {1, epoch, 0, now} if the member now holds a lease; {0, epoch, ms left, now}
@@ -191,7 +192,7 @@ end
 if count <= limit then
   if count == limit then redis.call('SET', KEYS[3], '1', 'PX', tonumber(ARGV[8])) end
   local ticket = tonumber(ARGV[10])
-  redis.call('ZADD', KEYS[4], 'NX', now, worker)
+  redis.call('ZADD', KEYS[4], 'NX', tonumber(t[1]) * 1000000 + tonumber(t[2]), worker)
   redis.call('ZADD', KEYS[5], now + ticket, worker)
   redis.call('PEXPIRE', KEYS[4], ticket)
   redis.call('PEXPIRE', KEYS[5], ticket)
