@@ -73,9 +73,18 @@ Email = Annotated[
 _RECIPIENT: Final = re.compile(_RECIPIENT_RE)
 
 
-def is_recipient_email(email: str) -> bool:
-    """Whether `email` is a recipient the injection API takes (what `RecipientEmail` checks)."""
-    return len(email) <= address.MAX_ADDRESS and _RECIPIENT.search(email) is not None
+_BARE_POSTMASTER: Final = re.compile(f"^{address.POSTMASTER_PATTERN}$")
+
+
+def recipient_problem(email: str) -> address.Problem | None:
+    """Why the injection API refuses `email` as a recipient, or None: what `RecipientEmail`'s
+    pattern and then `check_request` (`address.check`) find, in the words `/api/v1/inject`
+    answers with (the check's text, else the syntax text), so that a door refusing such a
+    recipient alone (KumoMTA's) says what the others say of it."""
+    if len(email) <= address.MAX_ADDRESS and _RECIPIENT.search(email) is not None:
+        return None if _BARE_POSTMASTER.match(email) else address.check(email)
+    problem = address.check(email)
+    return problem if problem is not None else address.Problem(address.Kind.SYNTAX, address.SYNTAX_TEXT)
 
 
 RecipientEmail = Annotated[

@@ -82,6 +82,12 @@ class Problem:
 
 
 SYNTAX_TEXT: Final = "Not a valid mailbox address (local@domain)"
+SOURCE_ROUTE: Final = re.compile(r"@[^,:@\s]+(?:,@[^,:@\s]+)*:")
+"""A source route ahead of a mailbox in an SMTP path (`<@a,@b:local@domain>`, RFC 5321 4.1.2
+A-d-l): SMTP takes it and ignores it (4.1.1.3, appendix C); no address holds one."""
+SOURCE_ROUTE_TEXT: Final = (
+    "A source route (@host:) is SMTP path syntax, no part of an address: give local@domain alone (RFC 5321 4.1.1.3)"
+)
 
 
 def dot_string_and_domain(extra: Ranges, *, negated: bool = False, max_label: int | None = None) -> tuple[str, str]:
@@ -227,6 +233,10 @@ def check(address: str, *, utf8: bool = True) -> Problem | None:
         return Problem(Kind.LENGTH, f"Address is longer than {MAX_ADDRESS} octets (RFC 5321 4.5.3.1.3)")
     match = (_MAILBOX_UTF8 if utf8 else _MAILBOX_ASCII).fullmatch(address)
     if match is None:
+        # An API's address is no SMTP path: a route there is refused, saying what to send
+        # (SMTP takes it off the path before the check, `commands._split_path`).
+        if SOURCE_ROUTE.match(address) is not None:
+            return Problem(Kind.SYNTAX, SOURCE_ROUTE_TEXT)
         return Problem(Kind.SYNTAX, SYNTAX_TEXT)
     if len(match.group("local").encode("utf-8")) > MAX_LOCAL:
         return Problem(Kind.LENGTH, f"Local part is longer than {MAX_LOCAL} octets (RFC 5321 4.5.3.1.1)")

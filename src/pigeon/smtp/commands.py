@@ -66,7 +66,6 @@ Parser = Callable[[str, Offer], Command]
 
 MAX_CLIENT_DOMAIN: Final = 255
 """The longest EHLO or HELO argument taken, in octets."""
-_SOURCE_ROUTE: Final = re.compile(r"@[^,:@\s]+(?:,@[^,:@\s]+)*:")
 _BDAT_SIZE: Final = re.compile(r"[0-9]{1,18}")
 
 
@@ -189,7 +188,7 @@ def _split_path(rest: str, bad: Reply) -> tuple[str, str]:
     if after and not after.startswith(" "):
         raise SmtpProtocolError(bad)
     if path.startswith("@"):
-        route = _SOURCE_ROUTE.match(path)
+        route = address.SOURCE_ROUTE.match(path)
         if route is None:
             raise SmtpProtocolError(bad)
         path = path[route.end() :]

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Final, cast
 
 from pigeon.smtp import replies
-from pigeon.smtp.address import ascii_name
+from pigeon.smtp.address import ascii_name, is_postmaster, same_mailbox_key
 from pigeon.smtp.commands import (
     Auth,
     Bdat,
@@ -192,6 +192,8 @@ class ServerSession:
         self.authenticated: str | None = None
         self.mail: MailFrom | None = None
         self.recipients = 0
+        """Mailboxes taken in this transaction: what max_recipients bounds."""
+        self._mailboxes: set[str] = set()  # their `_mailbox` keys
         self.messages = 0
         self.errors = 0
         self.commands = 0
@@ -494,7 +496,13 @@ class ServerSession:
                 self._close(reply)
                 return
         elif isinstance(command, RcptTo):
-            problem = self._check_recipient(command)
+            again = self._mailbox(command.recipient) in self._mailboxes
+            # A mailbox the transaction holds already, named again, moves no mail: free of
+            # max_recipients (it adds no recipient), so it must count as junk, or a client
+            # could name it for ever, each RCPT answered and handed on.
+            if again and self._junk("RCPT", command.recipient):
+                return
+            problem = self._check_recipient(command, again)
             if problem is not None:
                 if problem is replies.TOO_MANY_RECIPIENTS:
                     # Not an error (see `_queue`), but no mail either. A pipelining client
@@ -580,13 +588,24 @@ class ServerSession:
             return replies.AUTH_IN_TRANSACTION
         return Reply(503, "5.5.1", (f"{kind.verb} not allowed now",))
 
-    def _check_recipient(self, command: RcptTo) -> Reply | None:
-        if self.recipients >= self.config.max_recipients:
+    def _check_recipient(self, command: RcptTo, again: bool) -> Reply | None:
+        """`again`: the RCPT names a mailbox the transaction holds already. That is no more
+        recipients, so max_recipients does not refuse it: it is answered as the first was
+        (250), and delivered once (the intake's duplicate filter), as an injection refuses
+        a repeat without counting it."""
+        if self.recipients >= self.config.max_recipients and not again:
             return replies.TOO_MANY_RECIPIENTS
         mail = self.mail
         if not command.recipient.isascii() and not (mail is not None and mail.smtputf8):
             return replies.NON_ASCII_WITHOUT_SMTPUTF8
         return None
+
+    def _mailbox(self, recipient: str) -> str:
+        """What names one mailbox however a RCPT writes it, as the intake's duplicate filter
+        and an injection's find a repeat (`same_mailbox_key`); every postmaster of ours is one."""
+        if is_postmaster(recipient, self.config.hostname):
+            return "postmaster"
+        return same_mailbox_key(recipient)
 
     # --- DATA ----------------------------------------------------------------------------
     def _read_data(self) -> bool:
@@ -780,9 +799,13 @@ class ServerSession:
         elif isinstance(decision, MailFrom):
             self.mail = decision
             self.recipients = 0
+            self._mailboxes.clear()
             self._overshoot = 0
         elif isinstance(decision, RcptTo):
-            self.recipients += 1
+            mailbox = self._mailbox(decision.recipient)
+            if mailbox not in self._mailboxes:
+                self._mailboxes.add(mailbox)
+                self.recipients += 1
         elif isinstance(decision, Data):
             self._checker = self._new_checker()
             self._dot = DotReader(self.config.max_line_length)
@@ -813,6 +836,7 @@ class ServerSession:
     def _clear_transaction(self) -> None:
         self.mail = None
         self.recipients = 0
+        self._mailboxes.clear()
         self._overshoot = 0
         self._checker = None
         self._dot = None

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from pigeon.compose import ComposeError, InjectRecipient, InjectRequest, check_request
+from pigeon.compose import ComposeError, InjectRecipient, InjectRequest, check_request, recipient_problem
 from pigeon.listener.http import openapi
 from pigeon.smtp import address
 from pigeon.smtp.address import Kind
@@ -217,3 +217,40 @@ def test_a_quoted_local_part_goes_bare_when_it_is_a_dot_string_and_quoted_when_i
     assert address.with_a_label('"a\\"b"@example.net') == '"a\\"b"@example.net'  # what must be quoted, is
     assert address.with_a_label('""@example.net') == '""@example.net'
     assert address.with_a_label('"a@b"@example.net') == '"a@b"@example.net'
+
+
+@pytest.mark.parametrize("route", ["@r1.test:", "@r1.test,@r2.test:", "@[192.0.2.1]:"])
+def test_a_source_route_is_taken_off_an_smtp_path_and_refused_in_an_address_saying_so(route: str) -> None:
+    """RFC 5321 4.1.1.3 and appendix C: SMTP takes a source route and may ignore it; an API's
+    address is no SMTP path, and is told what to send instead of "not a valid mailbox"."""
+    command = parse_command(f"RCPT TO:<{route}adsr@rich.test>".encode(), OFFER)
+    assert isinstance(command, RcptTo) and command.recipient == "adsr@rich.test"
+    command = parse_command(f"MAIL FROM:<{route}adsr@rich.test>".encode(), OFFER)
+    assert isinstance(command, MailFrom) and command.sender == "adsr@rich.test"
+    problem = address.check(f"{route}adsr@rich.test")
+    assert problem == address.Problem(Kind.SYNTAX, address.SOURCE_ROUTE_TEXT)
+    assert _http_refusal(f"{route}adsr@rich.test") == address.SOURCE_ROUTE_TEXT
+
+
+_RECIPIENT_EMAIL = msgspec.json.Decoder(InjectRecipient)
+
+
+@given(st.one_of(valid_addresses, st.text(max_size=80), st.sampled_from(["postmaster", '"PostMaster"', "a@[1.2.3"])))
+@example("x" * 65 + "@rich.test")
+@example("adi@[300.1.1.1]")
+@example("adi@\u2163.example")
+@example("a\U0001f600@example.net")  # beyond the BMP: the schema's pattern has none, the check takes it
+def test_the_recipient_problem_a_door_refuses_alone_is_what_the_injection_api_refuses_and_says(text: str) -> None:
+    """KumoMTA's door refuses a recipient alone by `recipient_problem`; Pigeon's refuses the
+    request by its schema, then `check_request`, with the check's text (else the syntax text)."""
+    problem = recipient_problem(text)
+    try:
+        _RECIPIENT_EMAIL.decode(msgspec.json.encode({"email": text}))
+    except msgspec.ValidationError:
+        checked = address.check(text)
+        assert problem is not None and problem.text == (checked.text if checked else address.SYNTAX_TEXT)
+        return
+    if re.fullmatch(address.POSTMASTER_PATTERN, text):  # made [smtp] postmaster before it is checked
+        assert problem is None
+        return
+    assert (problem.text if problem else None) == _http_refusal(text)

@@ -142,6 +142,41 @@ def test_recipients_past_the_limit_are_junk_once_as_many_again_were_refused() ->
     assert isinstance(peer.events[-1], Closing)
 
 
+def test_a_mailbox_named_again_is_taken_past_max_recipients_and_counts_as_junk() -> None:
+    """A repeat adds no recipient (the mailbox gets one copy), so max_recipients does not
+    refuse it; it moves no mail either, so it is junk: without that a client could name one
+    mailbox for ever."""
+    peer = _ready(max_recipients=2, max_junk_commands=3)
+    ok = "250 2.1.5 Recipient ok\r\n"
+    peer.send("MAIL FROM:<a@example.org>\r\n")
+    # The domain in any case and a quoted local part name one mailbox, as the intake's filter has it.
+    rcpts = ["a@example.net", "b@example.net", "a@EXAMPLE.net", '"b"@example.net', "c@example.net"]
+    assert peer.send("".join(f"RCPT TO:<{r}>\r\n" for r in rcpts)) == ok * 4 + TOO_MANY_RECIPIENTS
+    assert peer.send("RCPT TO:<a@example.net>\r\n") == ok  # the third repeat: the third junk command
+    assert peer.send("RCPT TO:<a@example.net>\r\n") == TOO_MANY
+    assert [(e.reply.code, e.recipient) for e in peer.of_type(Rejected)] == [
+        (452, "c@example.net"),
+        (421, "a@example.net"),
+    ]
+
+
+def test_every_name_of_our_postmaster_is_one_mailbox_against_max_recipients() -> None:
+    peer = _ready(max_recipients=1)
+    peer.send("MAIL FROM:<a@example.org>\r\n")
+    rcpts = "RCPT TO:<postmaster>\r\nRCPT TO:<PostMaster@MX.test>\r\nRCPT TO:<b@example.net>\r\n"
+    assert peer.send(rcpts) == "250 2.1.5 Recipient ok\r\n" * 2 + TOO_MANY_RECIPIENTS
+
+
+def test_a_repeat_of_a_refused_recipient_is_no_repeat() -> None:
+    """Only a mailbox taken is held: one the application refused may be asked about again."""
+    peer = Peer.start(config(max_recipients=1))
+    peer.send("EHLO client.test\r\nMAIL FROM:<a@example.org>\r\n")
+    peer.answer("RCPT", replies.r(550, "5.1.1", "No such user"))
+    assert peer.send("RCPT TO:<x@example.net>\r\n").startswith("550 5.1.1")
+    assert peer.send("RCPT TO:<y@example.net>\r\n") == "250 2.1.5 Recipient ok\r\n"
+    assert peer.send("RCPT TO:<x@example.net>\r\n") == TOO_MANY_RECIPIENTS
+
+
 def test_a_client_that_overshoots_by_up_to_the_limit_loses_nothing_message_after_message() -> None:
     peer = _ready(max_recipients=3, max_junk_commands=1)
     rcpts = "".join(f"RCPT TO:<r{i}@example.net>\r\n" for i in range(6))

@@ -79,8 +79,8 @@ from pigeon.compose import (
     RenderTimeSpent,
     TemplateLimitError,
     check_request,
-    is_recipient_email,
     media_type_problem,
+    recipient_problem,
 )
 from pigeon.config.schema import Config
 from pigeon.header_section import author_missing_in, malformed_field_in, repeated_field_in
@@ -181,7 +181,8 @@ class Door:
     answer: Callable[[InjectResponse, int], web.Response]
     """The answer to a request carried out, given Pigeon's and its status (200, 422, 503)."""
     addresses_alone: bool = False
-    """A recipient whose `email` is no address is refused alone (`501 5.1.3`), and the others
+    """A recipient whose `email` is no address is refused alone (`501 5.1.3` or `553 5.1.3`, saying
+    what `/api/v1/inject` says of it: `compose.recipient_problem`), and the others
     are injected, as KumoMTA does; else (Pigeon's API) the whole request is refused (400)."""
 
 
@@ -303,13 +304,18 @@ async def _inject(
     if (repeated := repeated_member(body)) is not None:
         raise bad_request(repeated_refusal(repeated), repeated)
     request[_BODY] = body  # what a refusal's record reads the envelope from (`_named`)
-    not_addresses: list[str] = []  # (a door that refuses them alone: those its request named)
+    # (a door that refuses them alone: those its request named, each with its refusal)
+    not_addresses: list[tuple[str, Reply]] = []
     try:
         parsed = door.decode(body)
         if door.addresses_alone:
-            not_addresses = [r.email for r in parsed.recipients if not is_recipient_email(r.email)]
-            if not_addresses:
-                parsed.recipients = [r for r in parsed.recipients if is_recipient_email(r.email)]
+            kept: list[InjectRecipient] = []
+            for recipient in parsed.recipients:
+                if (problem := recipient_problem(recipient.email)) is None:
+                    kept.append(recipient)
+                else:  # as SMTP's RCPT refuses it, in the text the other doors give
+                    not_addresses.append((recipient.email, replies.r(problem.kind.smtp_code, "5.1.3", problem.text)))
+            parsed.recipients = kept
         if len(parsed.recipients) + len(not_addresses) > (limit := config.http.max_recipients):
             # One message per recipient: the request's work grows with them, not one envelope.
             count = len(parsed.recipients) + len(not_addresses)
@@ -421,10 +427,10 @@ async def _inject(
         verdict = await _settled(on_mail_from(mail, session=session))
         if verdict is not None:
             everyone = refusal(verdict)
-    for email in not_addresses:
+    for email, reply in not_addresses:
         result = RecipientResult(email)
         results.append(result)
-        refuse(result, replies.r(501, "5.1.3", address.SYNTAX_TEXT))
+        refuse(result, reply)
     taken: list[str] = []  # the recipients on_rcpt_to let through so far
     composing = False  # whether a recipient has been composed yet
     turn = time.monotonic()

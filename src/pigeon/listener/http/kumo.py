@@ -54,15 +54,17 @@ from pigeon.listener.http.inject import Door, InjectResponse, inject_through
 
 class KumoRecipient(InjectRecipient, forbid_unknown_fields=True):
     """Pigeon's recipient (`compose.InjectRecipient`), its address checked per recipient, as
-    KumoMTA does: one that is no address is refused alone (`501 5.1.3`, in
-    `failed_recipients`), the others injected (`Door.addresses_alone`)."""
+    KumoMTA does: one that is no address is refused alone (`501 5.1.3` or `553 5.1.3` with the
+    text SMTP and `/api/v1/inject` give, in `failed_recipients`), the others injected
+    (`Door.addresses_alone`)."""
 
     email: Annotated[  # (a wider type than Pigeon's: checked per recipient, later)
         str,
         msgspec.Meta(
             max_length=4096,
-            description="A recipient address, as /api/v1/inject's; one that is none is refused alone (501 5.1.3,"
-            " in failed_recipients), and the others are injected, as KumoMTA does",
+            description="A recipient address, as /api/v1/inject's; one that is none is refused alone (501 or 553"
+            " 5.1.3 and what /api/v1/inject says of it, in failed_recipients), and the others are injected, as"
+            " KumoMTA does",
         ),
     ]
 
