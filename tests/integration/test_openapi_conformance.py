@@ -151,6 +151,14 @@ def test_the_admin_answers_to_real_requests_match_the_documented_schemas(tmp_pat
         checked("GET", "/api/v1/shaping/effects", "/api/v1/shaping/effects")
         bounce = {"domain": "held.test", "duration": "1h", "reason": "closed"}
         second = injected["recipients"][1]["id"]
+        # The retry and the rebind made both due: their attempts (a 451) end before the bounces,
+        # whose answers this checks ("after_attempt" for one on the wire: a full suite saw it).
+        wait_until(
+            lambda: all(
+                checked("GET", "/api/v1/messages/{id}", f"/api/v1/messages/{id}")["state"] == "deferred"
+                for id in (spool_id, second)
+            )
+        )
         by_id = {"messages": [second, "00000000000000ff"], "reason": "stuck"}
         bounced = checked("POST", "/api/v1/admin/bounce", "/api/v1/admin/bounce", by_id)
         assert [row["result"] for row in bounced["messages"]] == ["bounced", "not_found"]
