@@ -130,6 +130,23 @@ class AfterAttempt(msgspec.Struct, array_like=True, omit_defaults=True, frozen=T
     bound_to: list[str] | None = None
 
 
+class RebindAfterAttempt(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
+    """An operator's rebind (`pigeon rebind`) of a message while an attempt of it was on the
+    wire: the scheduled queue it moves to and the domain it is routed as (None: either as it
+    is; "": by its recipients' own domain again), who asked and in which operation. Kept apart
+    from `AfterAttempt`, for a hold or a bounce may be asked too: a bounce ends the message
+    (nothing is left to move), a hold and a rebind both apply (each with its own operator, and
+    the hold with its own `bound_to`). Applied to what that attempt leaves when it ends; an
+    attempt that never ends (a stop, a crash) leaves it in the row, and it is applied as the row
+    is loaded again, before any attempt (`pigeon.queue.scheduler`): the message moves, with its
+    `Rebind` record, as the operator was told."""
+
+    queue: str | None = None
+    routing_domain: str | None = None
+    operator: str = ""
+    operation: str | None = None
+
+
 class Envelope(msgspec.Struct, array_like=True, omit_defaults=True):
     """Who the message is from and to, and how it arrived."""
 
@@ -189,6 +206,11 @@ class Envelope(msgspec.Struct, array_like=True, omit_defaults=True):
     # operator's hold of its mail is not its to lift by retrying it. Last, with a default, as
     # `delay_warned`.
     hold_bound_to: list[str] | None = None
+    # An operator's rebind given while an attempt was on the wire, committed before the operator
+    # is answered, as `after_attempt` is: whatever ends that attempt (its outcome, a stop, a
+    # crash), what it does not deliver moves where the operator asked before it is tried again.
+    # Cleared by the outcome that applies it. Last, with a default, as `delay_warned`.
+    rebind_after_attempt: RebindAfterAttempt | None = None
 
     def __post_init__(self) -> None:
         # Spools written before `target` existed said "inbound:<target>" as the routing domain.

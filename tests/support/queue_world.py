@@ -108,6 +108,7 @@ class MemorySpool:
         self.bodies: dict[int, bytes] = {}
         self.refs: dict[int, int] = {}
         self.saved_rules: dict[str, bytes] = {}
+        self.marks: collections.Counter[int] = collections.Counter()  # marks written, by message
         self._ids = itertools.count(1)
 
     @property
@@ -230,7 +231,11 @@ class MemorySpool:
             if row is not None and row.attempts == attempts:
                 row.envelope = _ENCODER.encode(envelope)
 
-        return self._world.commit(f"mark {spool_id:x}", apply, message=spool_id)
+        # (A message's second mark, its first answered or not, is an option of its own: a hold
+        # after a rebind, each written while an attempt was on the wire.)
+        self.marks[spool_id] += 1
+        again = f"#{self.marks[spool_id]}" if self.marks[spool_id] > 1 else ""
+        return self._world.commit(f"mark {spool_id:x}{again}", apply, message=spool_id)
 
     def make_due(self, ids: Sequence[int], due: float) -> asyncio.Future[None]:
         def apply() -> None:

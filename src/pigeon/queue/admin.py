@@ -27,11 +27,11 @@ that mail goes to its application's target, never to another queue or route, as 
 own queue and target whatever a policy hook answers (`Changes(queue=, route=)`, `Reroute`).
 
 "The rest": what that attempt does not deliver ends with `AdminBounce` instead of a retry, or is
-moved and due at once, when the attempt ends. A bounce or a hold of a message being sent is
-committed to its row before the operator is answered (`Settlement.after_attempt`): an attempt
-that never ends (a stop cuts it before its content went, a crash) leaves the row to be bounced or
-held as it is loaded again, not attempted. (A rebind's mark is the process's alone: after a
-crash, the message is attempted again where it was.)
+moved and due at once, when the attempt ends. A bounce, a hold or a rebind of a message being
+sent is committed to its row before the operator is answered (`Settlement.after_attempt`,
+`rebind_after_attempt`): an attempt that never ends (a stop cuts it before its content went, a
+crash) leaves the row to be bounced, held or moved as it is loaded again, never attempted where
+it was. A bounce wins over a rebind; a hold and a rebind both apply (moved, and held there).
 
 Claiming a message (putting it into the active set) is what keeps the scheduler from loading
 it meanwhile; acting moves it to `settling` through `queue.settlement`, so a route lookup or a
@@ -606,12 +606,17 @@ class Admin:
             if accepted_before is not None and entry.message.created > accepted_before:
                 return _Done.IGNORED, None
             if entry.state is State.IN_FLIGHT and entry.started:
-                entry.rebind = mark
-                return _Done.MARKED, None
-            envelope = mark.envelope(entry.message.envelope)
+                return _Done.MARKED, self._settlement.rebind_after_attempt(entry, mark)
+            moved = mark
+            pending = entry.message.envelope.rebind_after_attempt
+            if pending is not None:
+                # Its row carries a rebind asked while an attempt was on the wire, cut short and
+                # not yet applied (a stop, a crash): this one goes on from where that one moved it.
+                moved = RebindMark.of(pending).then(mark)
+            envelope = msgspec.structs.replace(moved.envelope(entry.message.envelope), rebind_after_attempt=None)
             # Mail an operator held moves, and stays held (due at `HELD`): only a release lets it go.
             until = entry.message.due if envelope.hold_operator is not None else now
-            return _Done.ACTED, self._settlement.defer(entry, until, queue=queue, envelope=envelope, rebind=mark)
+            return _Done.ACTED, self._settlement.defer(entry, until, queue=moved.queue, envelope=envelope, rebind=moved)
 
         rebound, after_attempt = await self._walk(selector, act, "rebind", operation, claim=True, leave=left_alone)
         self._rewind(now)

@@ -38,9 +38,11 @@ alone: never); the sweep ends those past t, without a DSN. Mail an operator held
 hold`: due at `HELD`, never expiring while held) is released the same way, but its `max_age`
 still counts from its arrival: past it, it expires as it is loaded, with the usual DSN.
 
-A row an operator held or bounced while an attempt of it was on the wire, that attempt cut
-short by a stop or a crash (`Envelope.after_attempt`), is held or bounced as it is loaded,
-before anything else: it is never attempted again.
+A row an operator held, bounced or rebound while an attempt of it was on the wire, that
+attempt cut short by a stop or a crash (`Envelope.after_attempt`, `rebind_after_attempt`), is
+held, bounced or moved as it is loaded, before anything else (`Settlement.cut_short`): it is
+never attempted again where it was (moved, it is due at once in its new queue, and routed
+there as it is loaded again).
 
 Mail of a scheduled queue with a rate (`[[queue]] max_message_rate`) is made ready at that
 rate: after the standing rules and before its route, it waits its turn in the `Pacer`
@@ -58,13 +60,13 @@ from typing import Any, Final, Protocol
 
 import msgspec
 
-from pigeon.message import HELD, AfterAttempt, Message, format_id
+from pigeon.message import HELD, Message, format_id
 from pigeon.queue.attempt import Unroutable
 from pigeon.queue.pacing import Pacer, QueueRates
 from pigeon.queue.policy import QueuePolicies, egress_pool
 from pigeon.queue.ready import ReadyQueues
 from pigeon.queue.settlement import Settlement
-from pigeon.queue.state import ActiveSet, AdminMark, Entry, Lease, State, transition
+from pigeon.queue.state import ActiveSet, Entry, Lease, State, transition
 from pigeon.route_tenants import reserved_reply
 from pigeon.shaping.throttles import Throttles
 from pigeon.smtp.replies import Reply
@@ -308,9 +310,8 @@ class Scheduler:
         """Route `entry`'s message and make it ready, unless a standing rule takes it, it has
         expired, or its queue's rate makes it wait first (`paced`: it has had its slot)."""
         message = entry.message
-        pending = message.envelope.after_attempt
-        if pending is not None:
-            self._after_attempt(entry, pending)
+        if message.envelope.after_attempt is not None or message.envelope.rebind_after_attempt is not None:
+            self._after_attempt(entry)
             return
         if message.envelope.held is not None:
             # Only an operator makes a held row due (retry, rebind): it is released. The new
@@ -346,21 +347,25 @@ class Scheduler:
         self._tasks.add(task)  # a reference, so the task is not collected mid-flight
         task.add_done_callback(self._tasks.discard)
 
-    def _after_attempt(self, entry: Entry, pending: AfterAttempt) -> None:
-        """An operator held or bounced this message while an attempt of it was on the wire, and
-        that attempt left no outcome (a stop cut it before its content went, or the process
-        died): what the operator was told is done now, before any other attempt. What an
+    def _after_attempt(self, entry: Entry) -> None:
+        """An operator held, bounced or rebound this message while an attempt of it was on the
+        wire, and that attempt left no outcome (a stop cut it before its content went, or the
+        process died): what the operator was told is done now, before any other attempt
+        (`Settlement.cut_short`: a bounce wins; a hold and a rebind both apply). What an
         attempt delivered is out of the row already (its outcome committed with its records)."""
-        mark = AdminMark.of(pending)
-        recipients = len(entry.message.envelope.recipients)
-        if pending.kind == "bounce":
-            _log.warning("admin bounce by %s: message %s, whose attempt was cut short (a stop, or a crash), "
-                         "bounced now: %d recipients", mark.operator, format_id(entry.id), recipients)  # fmt: skip
-            self._settlement.admin_bounce(entry, mark)
-        else:
-            _log.warning("admin hold by %s: message %s, whose attempt was cut short (a stop, or a crash), "
-                         "held now: %d recipients", mark.operator, format_id(entry.id), recipients)  # fmt: skip
-            self._settlement.hold(entry, mark)
+        envelope = entry.message.envelope
+        pending, rebind = envelope.after_attempt, envelope.rebind_after_attempt
+        recipients = len(envelope.recipients)
+        if pending is not None:
+            done = "bounced" if pending.kind == "bounce" else "held"
+            _log.warning("admin %s by %s: message %s, whose attempt was cut short (a stop, or a crash), "
+                         "%s now: %d recipients", pending.kind, pending.operator, format_id(entry.id), done,
+                         recipients)  # fmt: skip
+        if rebind is not None and (pending is None or pending.kind != "bounce"):
+            _log.warning("admin rebind by %s: message %s, whose attempt was cut short (a stop, or a crash), "
+                         "moved now to queue=%s route=%s: %d recipients", rebind.operator, format_id(entry.id),
+                         rebind.queue, rebind.routing_domain, recipients)  # fmt: skip
+        self._settlement.cut_short(entry)
 
     def _live(self, lease: Lease) -> bool:
         """Whether `lease` still holds (nobody moved its message meanwhile)."""

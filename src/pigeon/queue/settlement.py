@@ -16,10 +16,12 @@ spool: an operator waits for the commit and acts on the row it left. After `kill
 terminal record is either committed (and logged at the next start, if it had not been) or not
 committed at all (and the attempt is made again): each recipient gets exactly one.
 
-An operator's hold or bounce of a message whose attempt is on the wire is applied by that
-attempt's outcome, to what it leaves; it is written to the message's row first
-(`after_attempt`), ahead of that outcome in the shard's commit order, so that an attempt that
-never ends (a stop, a crash) leaves the row to be held or bounced when it is loaded again.
+An operator's hold, bounce or rebind of a message whose attempt is on the wire is applied by
+that attempt's outcome, to what it leaves; it is written to the message's row first
+(`after_attempt`, `rebind_after_attempt`), ahead of that outcome in the shard's commit order,
+so that an attempt that never ends (a stop, a crash) leaves the row to be held, bounced or
+moved when it is loaded again (`cut_short`). A bounce asked too wins over a rebind (nothing is
+left to move); a hold and a rebind both apply: moved, and held there.
 
 Results come back with the `Lease` their work started with (`report`, `unroutable`); a stale
 lease (someone moved the message meanwhile) means the result is dropped and counted.
@@ -165,6 +167,16 @@ def held_envelope(envelope: Envelope, mark: AdminMark) -> Envelope:
     )
 
 
+def pending_rebind(entry: Entry) -> RebindMark | None:
+    """The rebind an operator asked of `entry` while an attempt of it was on the wire: this
+    process's (`Entry.rebind`), else the one its row carries (`Envelope.rebind_after_attempt`,
+    asked before a stop or a crash)."""
+    if entry.rebind is not None:
+        return entry.rebind
+    pending = entry.message.envelope.rebind_after_attempt
+    return RebindMark.of(pending) if pending is not None else None
+
+
 def marks_after_attempt(entry: Entry) -> tuple[AdminMark | None, AdminMark | None]:
     """The bounce and the hold an operator asked of `entry` while an attempt of it was on the
     wire: this process's (`Entry.admin_bounce`, `admin_hold`), else the one its row carries
@@ -300,10 +312,42 @@ class Settlement:
         `AdminHold` record once that is durable. The future resolves then."""
         message = entry.message
         outcome = self._begin(entry, message.attempts, HELD)
-        outcome.remaining = held_envelope(message.envelope, mark)
-        outcome.notes.append(self._hold_record(message, outcome.remaining, mark))
+        # A rebind asked while an attempt was on the wire, cut short: moved, and held there.
+        outcome.remaining = held_envelope(self._rebound_now(outcome, message.envelope), mark)
+        outcome.notes.append(self._hold_record(message, outcome.remaining, mark, outcome.queue))
         self._commit(outcome)
         return self._active.settled(entry)
+
+    def cut_short(self, entry: Entry) -> asyncio.Future[None]:
+        """What an operator asked of a message while an attempt of it was on the wire, that
+        attempt cut short (a stop cut it before its content went, or the process died), done as
+        its row is loaded again, before any other attempt (`Envelope.after_attempt`,
+        `rebind_after_attempt`): a bounce ends it (a rebind asked too has nothing left to
+        move), a hold holds it (moved first, where a rebind asked too), a rebind alone moves it,
+        due at once, with its `Rebind` record. The future resolves once that is durable."""
+        pending = entry.message.envelope.after_attempt
+        if pending is not None and pending.kind == "bounce":
+            return self.admin_bounce(entry, AdminMark.of(pending))
+        if pending is not None:
+            return self.hold(entry, AdminMark.of(pending))
+        message = entry.message
+        outcome = self._begin(entry, message.attempts, self._clock())
+        outcome.remaining = self._rebound_now(outcome, message.envelope)
+        self._commit(outcome)
+        return self._active.settled(entry)
+
+    def _rebound_now(self, outcome: _Outcome, envelope: Envelope) -> Envelope:
+        """`envelope` moved as the rebind its row carries asks (one asked while an attempt was on
+        the wire, which never ended), into `outcome` (its queue, its `Rebind` record); as it
+        is, without one."""
+        pending = envelope.rebind_after_attempt
+        if pending is None:
+            return envelope
+        mark = RebindMark.of(pending)
+        moved = msgspec.structs.replace(mark.envelope(envelope), rebind_after_attempt=None)
+        outcome.queue = mark.queue
+        outcome.notes.append(self._rebind_record(outcome.entry.message, moved, mark))
+        return moved
 
     def after_attempt(self, entry: Entry, kind: str, mark: AdminMark) -> asyncio.Future[None]:
         """An operator held (`kind` "hold") or bounced ("bounce") a message whose attempt is on
@@ -324,6 +368,27 @@ class Settlement:
             bound = list(mark.bound_to) if mark.bound_to is not None else None
             written = AfterAttempt(kind, mark.reason, mark.operator, bound)
             message.envelope = msgspec.structs.replace(message.envelope, after_attempt=written)
+        return self._mark_durable(entry)
+
+    def rebind_after_attempt(self, entry: Entry, mark: RebindMark) -> asyncio.Future[None]:
+        """An operator rebound a message whose attempt is on the wire: what that attempt does not
+        deliver moves when it ends, due at once, with a `Rebind` record. The mark goes into the
+        message's row now (`Envelope.rebind_after_attempt`), as a hold's does (`after_attempt`),
+        so that an attempt a stop cuts short, or a crash, leaves the row to be moved as it is
+        loaded again, before any attempt where it was. Asked again during the same attempt,
+        the later rebind goes on from the earlier (`RebindMark.then`). A hold asked too is
+        kept apart, with its own operator and binding; a bounce wins. The future resolves
+        as `after_attempt`'s does: the operator is answered then."""
+        pending = pending_rebind(entry)
+        mark = pending.then(mark) if pending is not None else mark
+        entry.rebind = mark
+        message = entry.message
+        message.envelope = msgspec.structs.replace(message.envelope, rebind_after_attempt=mark.written())
+        return self._mark_durable(entry)
+
+    def _mark_durable(self, entry: Entry) -> asyncio.Future[None]:
+        """A future done once `entry`'s row holds its in-memory envelope (the marks just put on
+        it), or once the outcome of its attempt, which applies them, is durable."""
         durable: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # (An outcome of the attempt made durable first applied the mark: answered then too.)
         self._active.settled(entry).add_done_callback(functools.partial(_resolve, durable))
@@ -464,7 +529,7 @@ class Settlement:
             if due is not None and attempt.not_before is not None:
                 wait = min(attempt.not_before, policy.retry.max_retry_interval)
                 due = min(max(due, now + wait), policy.retry.expires(message.age_from))
-            rebind = entry.rebind
+            rebind = pending_rebind(entry)
             if rebind is not None and due is not None:
                 # Rebound while this attempt was on the wire: what is left moves now, due at once.
                 due, outcome.queue = now, rebind.queue
@@ -502,7 +567,7 @@ class Settlement:
                     outcome.notes.append(self._rebind_record(message, outcome.remaining, rebind))
                 if on_hold is not None:
                     outcome.remaining = held_envelope(outcome.remaining, on_hold)
-                    outcome.notes.append(self._hold_record(message, outcome.remaining, on_hold))
+                    outcome.notes.append(self._hold_record(message, outcome.remaining, on_hold, outcome.queue))
                 for recipient, reply, index in deferred:
                     fields = self._fields(message, recipient, reply, attempts, attempt, index)
                     # Classified as a bounce is (KumoMTA classifies every record): a deferral
@@ -516,9 +581,10 @@ class Settlement:
                     )
                     outcome.transient.append(transient)
         self._keep_held(outcome)
-        if outcome.remaining is not None and outcome.remaining.after_attempt is not None:
+        left = outcome.remaining
+        if left is not None and (left.after_attempt is not None or left.rebind_after_attempt is not None):
             # This outcome applied what an operator asked while the attempt was on the wire.
-            outcome.remaining = msgspec.structs.replace(outcome.remaining, after_attempt=None)
+            outcome.remaining = msgspec.structs.replace(left, after_attempt=None, rebind_after_attempt=None)
         self._write(outcome, policy.dsn)
         return outcome
 
@@ -753,12 +819,13 @@ class Settlement:
             campaign=moved.campaign,
         )
 
-    def _hold_record(self, message: Message, held: Envelope, mark: AdminMark) -> AdminHold:
-        """The record of an operator's hold of `message`, `held` being its envelope after it."""
+    def _hold_record(self, message: Message, held: Envelope, mark: AdminMark, queue: str | None = None) -> AdminHold:
+        """The record of an operator's hold of `message`, `held` being its envelope after it;
+        `queue`: the one a rebind moved it to with the hold (None: its own)."""
         return AdminHold(
             timestamp=self._clock(),
             id=format_id(message.id),
-            queue=message.queue,
+            queue=queue if queue is not None else message.queue,
             recipients=[recipient.address for recipient in held.recipients],
             reason=mark.reason,
             operator=mark.operator,

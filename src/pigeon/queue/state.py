@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Final, NamedTuple
 
 import msgspec
 
-from pigeon.message import AfterAttempt, Envelope, Message, SpoolId, format_id
+from pigeon.message import AfterAttempt, Envelope, Message, RebindAfterAttempt, SpoolId, format_id
 from pigeon.queue.names import queue_parts
 
 if TYPE_CHECKING:
@@ -133,6 +133,23 @@ class RebindMark:
     routing_domain: str | None
     operator: str = ""  # who asked (the API token's name), and in which operation: for its records
     operation: str | None = None
+
+    @staticmethod
+    def of(pending: RebindAfterAttempt) -> RebindMark:
+        """The mark a row's `rebind_after_attempt` was written from."""
+        return RebindMark(pending.queue, pending.routing_domain, pending.operator, pending.operation)
+
+    def written(self) -> RebindAfterAttempt:
+        """This mark as a row carries it (`Envelope.rebind_after_attempt`)."""
+        return RebindAfterAttempt(self.queue, self.routing_domain, self.operator, self.operation)
+
+    def then(self, later: RebindMark) -> RebindMark:
+        """This rebind followed by `later`, as one: where `later` names a queue or a route, it
+        wins; what it leaves as it is stays as this one moved it. Its operator and operation
+        are `later`'s (the record written names the last asker)."""
+        queue = later.queue if later.queue is not None else self.queue
+        routing = later.routing_domain if later.routing_domain is not None else self.routing_domain
+        return RebindMark(queue, routing, later.operator, later.operation)
 
     def envelope(self, envelope: Envelope) -> Envelope:
         """`envelope` as the rebind leaves it: routed as `routing_domain`, and, moved to a

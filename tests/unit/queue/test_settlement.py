@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pigeon.logs.records import Rebind, Response
-from pigeon.message import AfterAttempt
+from pigeon.message import AfterAttempt, RebindAfterAttempt
 from pigeon.queue import settlement
 from pigeon.queue.attempt import Attempt
 from pigeon.queue.rules import Selector
@@ -283,11 +283,18 @@ async def test_an_attempt_on_the_wire_when_rebound_moves_what_it_leaves_due_now(
     await world.quiesce()
     rebind = world.rebind(D1, queue="moved", routing_domain="elsewhere.test")
     await world.quiesce()
+    assert rebind.result is None, "answered only once the rebind is in the message's row"
+    await world.release_all("land")
+    marked = world.spool.get(spool_id)
+    assert marked is not None and marked.queue == "d1.test"  # (moved when the attempt ends)
+    assert marked.envelope.rebind_after_attempt == RebindAfterAttempt("moved", "elsewhere.test", "op")
+    await world.release_all("answer")
     assert rebind.result == {"rebound": 1, "after_attempt": 1, "inbound_left": 0}
     await world.release_all()
     row = world.spool.get(spool_id)
     assert row is not None
     assert (row.queue, row.envelope.routing_domain, row.due) == ("moved", "elsewhere.test", world.clock())
+    assert row.envelope.rebind_after_attempt is None  # (applied by the attempt's outcome)
     world.tick()
     await world.release_all()
     assert [(a.site, a.recipients) for a in world.attempted] == [
