@@ -132,3 +132,102 @@ def test_a_domain_that_takes_no_mail_bounces_as_a_dns_failure_in_a_dsn_that_name
         assert dsn.recipients == ["a@example.org"]
         assert b"Diagnostic-Code: X-Pigeon; 556 5.1.10 nomail.example accepts no mail" in dsn.data
         assert b"Remote-MTA" not in dsn.data
+
+
+def _samples(pigeon: PigeonProcess) -> dict[str, float]:
+    _, body = pigeon.http_get("/metrics")
+    lines = [line for line in body.decode().splitlines() if line.startswith("pigeon_")]
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in lines}
+
+
+def test_a_domain_whose_every_mx_host_has_no_address_bounces_at_once_with_5_4_4_and_a_dsn(tmp_path: Path) -> None:
+    # One MX host whose name does not exist (NXDOMAIN for A and AAAA), the other a name with
+    # no address records (NODATA): DNS said for good that no host has an address. Postfix
+    # bounces this ("5.4.4 Host or domain name not found"); a deferral would only wait for
+    # max_age to say the same, days later.
+    port = free_port()
+    zone = Zone(
+        {
+            "nxmx.test": [("MX", 10, "nonexistent.nxmx.test"), ("MX", 20, "noaddress.nxmx.test")],
+            "noaddress.nxmx.test": [("TXT", "a name, no address")],
+            "example.org": [("MX", 10, "mx.example.org")],
+            "mx.example.org": [("A", "127.0.0.6")],
+        }
+    )
+    with (
+        DnsServer(zone) as dns,
+        ScriptedSink(host="127.0.0.6", port=port) as sink,
+        _node(tmp_path, dns, port, dsn=True) as pigeon,
+    ):
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.sendmail("a@example.org", ["y@nxmx.test", "z@nxmx.test"], b"Subject: x\r\n\r\nhi\r\n")
+        bounces = wait_until(lambda: len(pigeon.records("Bounce")) == 2 and pigeon.records("Bounce"))
+        assert sorted(b["recipient"] for b in bounces) == ["y@nxmx.test", "z@nxmx.test"]
+        site = f"noaddress.nxmx.test,nonexistent.nxmx.test:{port}"
+        for bounce in bounces:
+            assert (bounce["response"]["code"], bounce["response"]["enhanced"]) == (550, "5.4.4"), bounce
+            assert "nonexistent.nxmx.test" in bounce["response"]["text"], bounce
+            assert "NXDOMAIN" in bounce["response"]["text"], bounce
+            assert "noaddress.nxmx.test has no address record" in bounce["response"]["text"], bounce
+            assert bounce["classification"] == "DNSFailure"
+            assert bounce["said_by"] == "pigeon"
+            assert bounce["site"] == site  # (the MX names are known: the site is)
+            assert "peer" not in bounce  # (no host was connected to)
+        assert not pigeon.records("TransientFailure")
+        (dsn,) = sink.wait_for(1)
+        assert dsn.recipients == ["a@example.org"]
+        assert b"Diagnostic-Code: X-Pigeon; 550 5.4.4 " in dsn.data
+        assert b"Remote-MTA" not in dsn.data
+        samples = _samples(pigeon)
+        assert samples[f'pigeon_site_recipients_total{{outcome="Bounce",site="{site}"}}'] == 2
+
+
+def test_a_domain_with_an_mx_host_missing_and_another_failing_for_now_is_deferred(tmp_path: Path) -> None:
+    # One host does not exist, but another's lookup failed (SERVFAIL) or it has an address
+    # that does not answer: it may work later, so the mail waits (Postfix: 4.4.3, retried).
+    port = free_port()
+    zone = Zone(
+        {
+            "flaky-mx.test": [("MX", 10, "nonexistent.flaky-mx.test"), ("MX", 20, "flaky.flaky-mx.test")],
+            "down-mx.test": [("MX", 10, "nonexistent.down-mx.test"), ("MX", 20, "down.down-mx.test")],
+            "down.down-mx.test": [("A", "127.0.0.7")],  # nothing listens there
+        },
+        servfail={"flaky.flaky-mx.test", "servfail.test"},
+    )
+    # A route's next_hop that does not exist is the operator's to fix (Postfix's relayhost: deferred).
+    route = [{"domain": "relayed.test", "next_hop": f"nonexistent.relay.test:{port}"}]
+    with DnsServer(zone) as dns, _node(tmp_path, dns, port, route=route) as pigeon:
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            for domain in ("flaky-mx.test", "down-mx.test", "servfail.test", "relayed.test"):
+                client.sendmail("a@example.org", [f"z@{domain}"], b"Subject: x\r\n\r\nhi\r\n")
+
+        def twice_each() -> list[dict[str, object]] | None:
+            # (twice: retried, not bounced; the down site's mail once: it then waits for a probe)
+            failures = pigeon.records("TransientFailure")
+            twice = ("flaky-mx.test", "servfail.test", "relayed.test")
+            counts = [sum(1 for r in failures if r["recipient"] == f"z@{d}") for d in twice]
+            down = any(r["recipient"] == "z@down-mx.test" for r in failures)
+            return failures if min(counts) >= 2 and down else None
+
+        failures = wait_until(twice_each, timeout=30)
+        assert not pigeon.records("Bounce")
+        assert not _terminal(pigeon)
+        flaky = [r for r in failures if r["recipient"] == "z@flaky-mx.test"]
+        down = [r for r in failures if r["recipient"] == "z@down-mx.test"]
+        servfail = [r for r in failures if r["recipient"] == "z@servfail.test"]
+        assert {r["response"]["enhanced"] for r in flaky} == {"4.4.3"}, flaky
+        assert all("flaky.flaky-mx.test" in r["response"]["text"] for r in flaky), flaky
+        assert {r["response"]["enhanced"] for r in down} == {"4.4.1"}, down
+        assert {r["response"]["enhanced"] for r in servfail} == {"4.4.3"}, servfail
+        relayed = [r for r in failures if r["recipient"] == "z@relayed.test"]
+        assert {r["response"]["enhanced"] for r in relayed} == {"4.4.3"}, relayed
+        assert all("NXDOMAIN" in r["response"]["text"] for r in relayed), relayed
+        # An MX host's lookup failing, for good or for now, is the site's (the MX names are
+        # known, and so is the site); the domain's own MX lookup failing leaves no site at all.
+        flaky_site = f"flaky.flaky-mx.test,nonexistent.flaky-mx.test:{port}"
+        assert {r.get("site") for r in flaky} == {flaky_site}
+        assert all("peer" not in r for r in flaky + servfail)
+        assert all("site" not in r for r in servfail)
+        samples = _samples(pigeon)
+        assert samples[f'pigeon_site_recipients_total{{outcome="TransientFailure",site="{flaky_site}"}}'] >= 2
+        assert samples['pigeon_site_recipients_total{outcome="TransientFailure",site="-"}'] >= 2

@@ -25,8 +25,9 @@ from pigeon.smtp.replies import Reply
 
 _BUILT_IN: Final[list[tuple[str, str]]] = [
     # Pigeon's own answers when DNS says a domain takes no mail (NXDOMAIN, no MX and no
-    # address, a null MX) carry 5.1.2 or 5.1.10: a broken domain, not a dead mailbox.
-    ("DNSFailure", r"^[45]\d\d [45]\.4\.3\b|\bNXDOMAIN\b|no MX and no address|null MX"),
+    # address, a null MX) carry 5.1.2 or 5.1.10: a broken domain, not a dead mailbox. No MX
+    # host with an address is 5.4.4 "host or domain name not found" (Postfix's words too).
+    ("DNSFailure", r"^[45]\d\d [45]\.4\.3\b|\bNXDOMAIN\b|no MX and no address|null MX|host or domain name not found"),
     # A provider slowing a sender down (Gmail's 4.7.28 "unusual rate of unsolicited mail ...
     # rate limited", Yahoo's 4.7.0 [TSS04], Microsoft's 4.7.500 "server busy"): its words
     # ("unsolicited", "spam") would read as content, but a deferral of class 4.7 is about the

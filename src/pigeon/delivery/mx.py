@@ -104,9 +104,13 @@ class DnsFailure(Unroutable):
     """A lookup failed. `reply` says how, `permanent` whether retrying can help. To the queue
     it is a destination that cannot be resolved (the router adds the bounce class). `secure`:
     an NXDOMAIN the nameserver validated (asked with DO: a secure denial of existence, which
-    DANE tells from an insecure one: RFC 7672 2.2.2)."""
+    DANE tells from an insecure one: RFC 7672 2.2.2). `not_found`: the DNS answered, and the
+    answer is that there is nothing (NXDOMAIN; for `addresses`, a host with neither A nor AAAA
+    records), as opposed to a lookup that failed (a timeout, SERVFAIL): whatever its code, an
+    MX host so is one that no retry reaches while the records say so (`ClientConnection.open`)."""
 
     secure: bool = False
+    not_found: bool = False
 
     @property
     def permanent(self) -> bool:
@@ -250,20 +254,30 @@ class Resolver:
         if _is_localhost(host):
             return list(_LOOPBACK), False
         found: list[str] = []
-        failure: DnsFailure | None = None
+        failed: DnsFailure | None = None  # a lookup that failed (a timeout, SERVFAIL)
+        missing: DnsFailure | None = None  # an answer that the name does not exist (NXDOMAIN)
         secure = True
         for kind in ("A", "AAAA"):
             try:
                 records, validated = await self._lookup_secure(host, kind)
             except DnsFailure as error:
-                failure = error
+                if error.not_found:
+                    missing = error
+                else:
+                    failed = error
                 continue
             secure = secure and validated
             found += [str(r) for r in records or ()]
         if not found:
-            if failure is not None:
-                raise failure
-            raise DnsFailure(Reply(450, "4.4.4", (f"{host} has no address record",)))
+            # A lookup that failed wins: the other's "nothing" may not be the whole truth (an A
+            # lookup timed out, the AAAA one said NXDOMAIN), and the host may yet be reached.
+            if failed is not None:
+                raise failed
+            if missing is not None:
+                raise missing
+            nothing = DnsFailure(Reply(450, "4.4.4", (f"{host} has no address record",)))
+            nothing.not_found = True
+            raise nothing
         return found, secure
 
     async def addresses_canonical(self, host: str) -> tuple[list[str], bool, str]:
@@ -336,6 +350,7 @@ class Resolver:
             answer = await self._dnspython().resolve(name, kind, raise_on_no_answer=False)
         except dns.resolver.NXDOMAIN as error:
             failure = DnsFailure(Reply(550, "5.1.2", (f"domain {name} does not exist (NXDOMAIN)",)))
+            failure.not_found = True
             responses = cast(dict[Any, Any], error.responses()).values()  # type: ignore[no-untyped-call]
             failure.secure = self._dnssec and any(bool(r.flags & dns.flags.AD) for r in responses)
             self._remember(key, failure, _NEGATIVE_TTL)
@@ -442,6 +457,7 @@ class Resolver:
             raise failure
         if answer.rcode == dnswire.NXDOMAIN:
             failure = DnsFailure(Reply(550, "5.1.2", (f"domain {name} does not exist (NXDOMAIN)",)))
+            failure.not_found = True
             failure.secure = self._dnssec and answer.secure
             self._remember(key, failure, _NEGATIVE_TTL)
             raise failure

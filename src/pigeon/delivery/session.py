@@ -517,7 +517,8 @@ class ClientConnection:
         """The first hop that takes the connection, never at the address `avoid` (the host
         that just answered 4xx: `smtp_agent` tries another, `sessions` being those it had),
         nor a host one of whose addresses is one of this node's listeners (`own`): mail sent
-        there would loop. Raises ConnectFailed with the last reason; LoopsBack if every hop
+        there would loop. Raises ConnectFailed with the last reason (a permanent `550 5.4.4`
+        when the DNS said of every MX host that it has no address); LoopsBack if every hop
         is this node.
 
         Within the limits, as Postfix's `smtp_mx_address_limit` and `smtp_mx_session_limit`:
@@ -544,6 +545,10 @@ class ClientConnection:
         if policy is TlsPolicy.DISABLED:
             counts = None  # (the operator's choice: no TLS to report on)
         report_domain = sts.domain if sts is not None else destination.domain
+        # MX hosts the DNS said have no address (NXDOMAIN, neither A nor AAAA): host -> why.
+        # When that is every host, no retry reaches the domain (see the end).
+        not_found: dict[str, str] = {}
+        first = avoid is None and sessions == 0  # (not `smtp_agent`'s move to another host)
         if sts is not None and _REFUSED_BY_POLICY and sts.enforced:
             hops = _refused_last(sts, hops)
         for hop in hops:
@@ -561,6 +566,8 @@ class ClientConnection:
                     addresses = await resolver.addresses(hop.host)
             except DnsFailure as error:
                 last = ConnectFailed(Reply(451, "4.4.3", (f"{hop.host}: {error.reply.text}",)))
+                if error.not_found:
+                    not_found[hop.host] = error.reply.text
                 spent += 1
                 done.append(f"{hop.host} (no address)")
                 elsewhere = True
@@ -684,6 +691,17 @@ class ClientConnection:
                         last = again.with_traceback(None)
             if cut:
                 break
+        hosts = {hop.host for hop in hops}
+        if first and not cut and destination.hops_from == "mx" and hosts and hosts <= not_found.keys():
+            # Every MX host definitely without an address: the domain takes no mail as its DNS
+            # stands, as Postfix has it ("5.4.4 Host or domain name not found"), not a deferral
+            # until max_age. One lookup that failed, or a host with an address that did not
+            # answer, and it may yet work: deferred. (A route's next_hop is the operator's
+            # configuration, not the recipient domain's: deferred, as Postfix's relayhost.)
+            said = "; ".join(not_found[host] for host in dict.fromkeys(hop.host for hop in hops))
+            raise ConnectFailed(
+                Reply(550, "5.4.4", (f"host or domain name not found: no MX host has an address: {said}",))
+            )
         if cut:
             # Hosts were left untried: no verdict on the site's mail, whatever the last said.
             reply = last.reply if 400 <= last.reply.code < 500 else Reply(451, "4.4.1", last.reply.lines)

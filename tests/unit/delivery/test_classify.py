@@ -53,6 +53,11 @@ def reply(code: int, enhanced: str | None, text: str) -> Reply:
         (reply(556, "5.1.10", "nomail.example accepts no mail (null MX, RFC 7505)"), "DNSFailure"),
         (reply(550, "5.1.2", "x.example has no MX and no address record"), "DNSFailure"),
         (reply(550, "5.1.2", "missing.example: NXDOMAIN"), "DNSFailure"),
+        (
+            reply(550, "5.4.4", "host or domain name not found: no MX host has an address: x has no address record"),
+            "DNSFailure",
+        ),
+        (reply(550, "5.4.4", "Host or domain name not found. Name service error for name=x type=A"), "DNSFailure"),
         (reply(550, "5.1.2", "Bad destination system address"), "InvalidRecipient"),  # a server's 5.1.2
         (reply(554, None, "Something odd happened"), "Uncategorized"),
         (reply(421, "4.3.0", "Try again later"), "Uncategorized"),

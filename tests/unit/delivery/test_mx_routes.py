@@ -55,6 +55,7 @@ ZONE: dict[str, list[tuple[str, ...]]] = {
     "dup.example": [("A", "192.0.2.20"), ("A", "192.0.2.20"), ("A", "192.0.2.21")],
 }
 SERVFAIL = {("servfail.example", kind) for kind in ("MX", "A", "AAAA")} | {("flaky-v6.example", "AAAA")}
+SERVFAIL |= {("gone-v6.example", "A")}  # (not in ZONE: its AAAA lookup says NXDOMAIN)
 SILENT = {"silent.example"}  # the server never answers: the resolver times out
 
 
@@ -560,6 +561,21 @@ async def test_addresses_of_a_host_that_does_not_exist_fail(dns: FakeDns) -> Non
     with pytest.raises(DnsFailure) as raised:
         await resolver(dns).addresses("nowhere.example")
     assert raised.value.reply.code == 550
+
+
+async def test_a_host_the_dns_says_has_no_address_is_not_found_and_a_failed_lookup_is_not(dns: FakeDns) -> None:
+    """`not_found` is what `ClientConnection.open` bounces on when every MX host is so: an
+    answer of nothing (NXDOMAIN, no A nor AAAA), never a lookup that failed, even beside one."""
+    mx = resolver(dns)
+    for host in ("nowhere.example", "nothing.example"):
+        with pytest.raises(DnsFailure) as raised:
+            await mx.addresses(host)
+        assert raised.value.not_found, host
+    for host in ("servfail.example", "gone-v6.example"):
+        with pytest.raises(DnsFailure) as failed:
+            await mx.addresses(host)
+        assert not failed.value.not_found, host
+        assert failed.value.reply.is_transient, host
 
 
 async def test_addresses_are_cached(dns: FakeDns) -> None:
