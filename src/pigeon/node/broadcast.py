@@ -19,7 +19,9 @@ running (stopped within `REMEMBERED`) is named at once: `pending` for a one-off 
 for a rule made or ended, which it takes from the cluster's rules before it delivers anything. Right after Redis lost
 its data, the presence hash holds only the nodes that have renewed since: an operation issued
 then waits until every live node has had the time to (`_settled`), and each worker 0 gives back
-the other nodes' presence as it last saw it, so a node killed a moment before is named too.
+the other nodes' presence as it last saw it, so a node killed a moment before is named too,
+and the nodes forgotten it knows of, so a node forgotten a moment before is not given back
+(`pigeon.node.presence.forget`).
 
 Why a stream and not pub/sub: a worker that restarts, or loses Redis for a while, reads on
 from where it stopped (its cursor is kept in a file next to its spool), so an operation issued
