@@ -537,6 +537,43 @@ def test_a_decommissioned_node_is_forgotten_and_writes_no_longer_name_it(
     assert [(n["node"], n["running"]) for n in known["nodes"]] == [("a", True), ("b", True)]
 
 
+def test_a_node_forgotten_just_before_redis_lost_its_data_stays_forgotten(
+    cluster: tuple[PigeonProcess, PigeonProcess], redis_server: RedisServer
+) -> None:
+    # An outside tester: `pigeon cluster forget b`, then Redis restarted empty within a second:
+    # 10 s later `pigeon cluster nodes` listed b again, and writes named it pending (exit 75):
+    # a's worker had last seen the presence hash before the forget, and gave b's entry back.
+    a, b = cluster
+    b.stop()
+    client = redis_server.client()
+
+    def renewed_by_a() -> float:
+        for value in client.hvals("pigeon:admin:nodes"):
+            seen = json.loads(value)
+            if seen["node"] == "a":
+                return float(seen["expires"])
+        return 0.0
+
+    try:
+        # Just after a renewed (and looked at the hash: b in it), so that the forget and the loss
+        # both come before its next look, 2 s later.
+        before = renewed_by_a()
+        wait_until(lambda: renewed_by_a() > before, 15, interval=0.01)
+        status, answer = _api(a, "DELETE", "/api/v1/cluster/nodes/b")
+        assert status == 200 and [row["node"] for row in answer["forgotten"]] == ["b"], answer
+        redis_server.kill()  # kill -9, no persistence: the forget is lost with the rest
+        redis_server.start()
+        wait_until(lambda: renewed_by_a() > 0, 15)  # a is back, and gave back what it had seen
+    finally:
+        client.close()
+    listed = _cli(a, "cluster", "nodes")
+    assert listed.returncode == 0, listed.stderr
+    assert [row.split()[:2] for row in listed.stdout.splitlines()[1:]] == [["a", "running"]], listed.stdout
+    retried = _cli(a, "retry", "--domain", "example.net")
+    assert retried.returncode == 0, (retried.stdout, retried.stderr)
+    assert "nodes: a (done)" in retried.stdout.splitlines()
+
+
 def test_the_cluster_member_of_every_write_is_documented_in_the_openapi_document(
     cluster: tuple[PigeonProcess, PigeonProcess],
 ) -> None:

@@ -19,7 +19,9 @@ running (stopped within `REMEMBERED`) is named at once: `pending` for a one-off 
 for a rule made or ended, which it takes from the cluster's rules before it delivers anything. Right after Redis lost
 its data, the presence hash holds only the nodes that have renewed since: an operation issued
 then waits until every live node has had the time to (`_settled`), and each worker 0 gives back
-the other nodes' presence as it last saw it, so a node killed a moment before is named too.
+the other nodes' presence as it last saw it, so a node killed a moment before is named too,
+and the nodes forgotten it knows of, so a node forgotten a moment before is not given back
+(`pigeon.node.presence.forget`).
 
 Why a stream and not pub/sub: a worker that restarts, or loses Redis for a while, reads on
 from where it stopped (its cursor is kept in a file next to its spool), so an operation issued
@@ -103,7 +105,17 @@ from pigeon.listener.http.admin import (
     rule_change,
 )
 from pigeon.node.answers import merge_answers
-from pigeon.node.presence import PRESENCE, REMEMBERED, Namesakes, last_seen, presence_key, spool_identity
+from pigeon.node.presence import (
+    PRESENCE,
+    REMEMBERED,
+    Namesakes,
+    forgotten_entries,
+    forgotten_key,
+    is_forgotten,
+    last_seen,
+    presence_key,
+    spool_identity,
+)
 from pigeon.queue.admin import NOT_FOUND
 from pigeon.queue.rules import Rule, describe_rule, taken_by
 
@@ -180,6 +192,7 @@ class Broadcast:
         prefix = redis.key_prefix
         self._stream = f"{prefix}:admin:stream"
         self._nodes = presence_key(config)
+        self._forgotten_nodes = forgotten_key(config)
         self._answers = f"{prefix}:admin:answers:"
         self._rules = f"{prefix}:admin:rules"
         self._ended = f"{prefix}:admin:rules:ended"
@@ -227,6 +240,11 @@ class Broadcast:
         """... and as this process found it when it last issued an operation (`_settled`)."""
         self._others_present: dict[Any, Any] = {}
         """Worker 0: the presence hash as it was at its last renewal, given back should Redis lose it."""
+        self._forgotten: dict[bytes, float] = {}
+        """The nodes the cluster forgot (`pigeon cluster forget`) as this worker knows them: presence
+        hash field -> when that node was last there. Forgotten through this worker, or (worker 0)
+        seen at its renewals. Given back with the presence, and a node's entry it covers is not:
+        a snapshot of the hash taken before the forget would give the node back otherwise."""
         self._down_since: float | None = None
         self._cursor: str | None = None  # where `consume` starts (`join` may have found it)
         self._synced = False  # whether the rules were taken from Redis since it last failed
@@ -890,7 +908,11 @@ class Broadcast:
         await self._redis.hset(self._nodes, self.origin, json.dumps(presence))
         if self._namesakes is None:
             return
-        self._others_present = await self._redis.hgetall(self._nodes)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(self._nodes)
+            pipe.hgetall(self._forgotten_nodes)
+            self._others_present, forgotten = await pipe.execute()
+        self._learn_forgotten(forgotten_entries(forgotten, time.time()))
         renewed = self._namesakes.look(self._others_present, time.time())
         said = self._namesake_said
         if renewed and (said is None or time.monotonic() - said >= _NAMESAKE_EVERY):
@@ -902,6 +924,19 @@ class Broadcast:
                 self.node,
                 renewed[0],
             )
+
+    def forgot(self, entries: dict[str, float]) -> None:
+        """The cluster forgot these presence entries (hash field -> when the node was last there),
+        asked through this worker: said again should Redis lose its data before every worker 0
+        has seen it (`pigeon.node.presence.forget`)."""
+        self._learn_forgotten({field.encode(): at for field, at in entries.items()})
+
+    def _learn_forgotten(self, forgotten: dict[bytes, float]) -> None:
+        for field, at in forgotten.items():
+            self._forgotten[field] = max(at, self._forgotten.get(field, at))
+        past = time.time() - REMEMBERED  # (its entry would be forgotten by now anyway)
+        for field in [field for field, at in self._forgotten.items() if at <= past]:
+            del self._forgotten[field]
 
     async def _give_presence_back(self, since: float) -> None:
         """Redis lost its data since this worker last renewed (its epoch was born `since` s ago, by
@@ -918,27 +953,68 @@ class Broadcast:
         # over, plus a renewal's time for the issuer's read of presence just after it (a busy
         # machine); no longer, so a node killed is named only as long as it would have been.
         settled = lost + _SETTLE + _RENEW
-        back = {}
+        self._learn_forgotten({})  # (those past `REMEMBERED` dropped)
+        back: dict[bytes, Any] = {}
         for origin, value in self._others_present.items():
             with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
                 seen = json.loads(value)
                 expires = float(seen["expires"])
-                if origin == self.origin.encode():
-                    continue
+                if origin == self.origin.encode() or is_forgotten(self._forgotten, bytes(origin), value):
+                    continue  # (a node forgotten after this worker last looked: not given back)
                 if expires <= lost or max(expires, settled) <= now:
                     # Gone before the loss (or since, and the wait is over): known still, as it was.
                     if last_seen(seen) > now - REMEMBERED:
-                        back[origin] = value
+                        back[bytes(origin)] = value
                     continue
+                seen["renewed"] = last_seen(seen)  # (when it was last there: not moved by the longer stay)
                 seen["expires"] = max(expires, settled)
-                back[origin] = json.dumps(seen)
-        if not back:
+                back[bytes(origin)] = json.dumps(seen)
+        if not back and not self._forgotten:
             return
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for origin, value in back.items():
-                pipe.hsetnx(self._nodes, origin, value)  # (one that renewed meanwhile says more)
-            await pipe.execute()
-        _log.info("admin stream: Redis lost its data: the presence of %d other node(s) given back", len(back))
+        given, removed = await self._put_presence_back(back)
+        if given:
+            _log.info("admin stream: Redis lost its data: the presence of %d other node(s) given back", given)
+        if removed:
+            _log.info("admin stream: Redis lost its data: %d node(s) forgotten before were given back by another "
+                      "node, and are forgotten again", removed)  # fmt: skip
+
+    async def _put_presence_back(self, back: dict[bytes, Any]) -> tuple[int, int]:
+        """Give `back` the presence entries, and the nodes forgotten this worker knows, in one
+        transaction, whatever other workers gave back before (watched): an entry a forget covers
+        is not given back (another worker may know of a forget this one does not), and one another
+        worker gave back is removed. Each entry given back only where there is none (one that
+        renewed meanwhile says more). How many entries it gave back, and how many it removed."""
+        for _ in range(_WATCH_TRIES):
+            async with self._redis.pipeline(transaction=True) as pipe:
+                await pipe.watch(self._nodes, self._forgotten_nodes)
+                there: dict[Any, Any] = await pipe.hgetall(self._nodes)
+                said = forgotten_entries(await pipe.hgetall(self._forgotten_nodes), time.time())
+                forgotten = dict(said)
+                for field, at in self._forgotten.items():
+                    forgotten[field] = max(at, forgotten.get(field, at))
+                given = [
+                    (origin, value)
+                    for origin, value in back.items()
+                    if origin not in there and not is_forgotten(forgotten, origin, value)
+                ]
+                removed = [origin for origin, value in there.items() if is_forgotten(forgotten, bytes(origin), value)]
+                untold = {field: repr(at) for field, at in forgotten.items() if said.get(field) != at}
+                if not given and not removed and not untold:
+                    return 0, 0
+                pipe.multi()  # type: ignore[no-untyped-call]
+                for origin, value in given:
+                    pipe.hset(self._nodes, origin, value)
+                if removed:
+                    pipe.hdel(self._nodes, *removed)
+                if untold:
+                    pipe.hset(self._forgotten_nodes, mapping=untold)  # type: ignore[arg-type]
+                    pipe.expire(self._forgotten_nodes, int(REMEMBERED))
+                try:
+                    await pipe.execute()
+                except WatchError:
+                    continue  # another worker gave back, or renewed, meanwhile: looked at again
+                return len(given), len(removed)
+        raise WatchError(f"the nodes' presence changed {_WATCH_TRIES} times while it was being given back")
 
     def _saved_cursor(self) -> str | None:
         with contextlib.suppress(OSError):

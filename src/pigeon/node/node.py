@@ -718,6 +718,10 @@ class Node:
         no supervisor): it tells the other nodes. A supervised worker does not: its supervisor does."""
         return self.broadcast if self._control_socket is None else None
 
+    def forgot(self, entries: dict[str, float]) -> None:
+        if self.broadcast is not None:
+            self.broadcast.forgot(entries)
+
     async def _apply(self, method: str, path: str, body: bytes, operator: str, issued: float) -> tuple[int, Any]:
         """An admin request another node was asked for (at `issued`), applied to this worker's shards."""
         if path.partition("?")[0] == "/metrics":  # `pigeon top --cluster`: counters, added up there

@@ -33,10 +33,13 @@ import os
 import secrets
 import time
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from pigeon.config.schema import Config
 from pigeon.redaction import redact, redact_url
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
 
 _log = logging.getLogger(__name__)
 
@@ -48,6 +51,7 @@ reading the admin stream on from where it stopped). Past that it is forgotten, i
 a node taken out of the cluster is not named for ever. `pigeon cluster forget NODE` removes one
 sooner (`forget`): a node decommissioned is not named `pending` by every write for a day."""
 _LOOK_EVERY: Final = 0.5  # seconds between two looks at the presence hash while waiting
+_TRIES: Final = 10  # the presence hash changed between a forget's look and its removal: looked at again
 
 
 def spool_identity(spool: Path) -> str:
@@ -69,13 +73,84 @@ def spool_identity(spool: Path) -> str:
 
 def last_seen(entry: dict[str, Any]) -> float:
     """When a node's presence entry says it was last there: when it said it was leaving (a
-    graceful stop), else its last renewal (its entry lasts `PRESENCE` from then)."""
+    graceful stop), else its last renewal (its entry lasts `PRESENCE` from then; an entry given
+    back after Redis lost its data, kept past that, says when it was: `renewed`)."""
     left = entry.get("left")
-    return float(left) if left is not None else float(entry["expires"]) - PRESENCE
+    if left is not None:
+        return float(left)
+    renewed = entry.get("renewed")
+    return float(renewed) if renewed is not None else float(entry["expires"]) - PRESENCE
 
 
 def presence_key(config: Config) -> str:
     return f"{config.redis.key_prefix}:admin:nodes"
+
+
+def forgotten_key(config: Config) -> str:
+    """The nodes forgotten (`forget`): presence hash field -> when its node was last there."""
+    return f"{config.redis.key_prefix}:admin:nodes:forgotten"
+
+
+def forgotten_entries(entries: dict[Any, Any], now: float) -> dict[bytes, float]:
+    """What the forgotten nodes' hash `entries` (`HGETALL`) says: field -> when that node was
+    last there, for those it still says something of (forgotten within `REMEMBERED` of it)."""
+    forgotten: dict[bytes, float] = {}
+    for field, value in entries.items():
+        with contextlib.suppress(ValueError, TypeError):
+            seen = float(value)
+            if seen > now - REMEMBERED:
+                forgotten[field.encode() if isinstance(field, str) else bytes(field)] = seen
+    return forgotten
+
+
+def is_forgotten(forgotten: dict[bytes, float], field: bytes, value: Any) -> bool:
+    """Whether the presence entry `value` (at hash field `field`) is one the cluster forgot:
+    last there no later than its node was when it was forgotten. Its node started again since
+    renews a later one, which is not."""
+    at = forgotten.get(field)
+    if at is None:
+        return False
+    try:
+        return last_seen(json.loads(value)) <= at
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+async def forget(
+    client: aioredis.Redis, config: Config, name: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Forget the node `name` (`pigeon cluster forget`): its presence entries removed, and
+    said forgotten in `forgotten_key`, in one transaction. The rows forgotten (none: no node of
+    that name is known; a running one among them: none is removed, it would renew its entry) and
+    every row known when it was looked at. Raises WatchError if the hash changed every time.
+
+    Why said, and not only removed: each worker 0 keeps the presence hash as it last saw it, and
+    gives the other nodes' entries back should Redis lose its data (`Broadcast._give_presence_back`).
+    One that saw the hash before this forget would give the node back, named `pending` by every
+    write for a day again; the forgotten entries are given back with the rest, and an entry they
+    cover is not given back, and is removed where another worker gave it back."""
+    from redis.exceptions import WatchError
+
+    key, said = presence_key(config), forgotten_key(config)
+    for _ in range(_TRIES):
+        async with client.pipeline(transaction=True) as pipe:
+            # Watched: a node that starts meanwhile writes its entry, and is then running.
+            await pipe.watch(key)
+            entries: dict[Any, Any] = await pipe.hgetall(key)
+            known = known_nodes(entries, time.time())
+            rows = [row for row in known if row["node"] == name]
+            if not rows or any(row["running"] for row in rows):
+                return rows, known
+            pipe.multi()  # type: ignore[no-untyped-call]
+            pipe.hdel(key, *(row["entry"] for row in rows))
+            pipe.hset(said, mapping={row["entry"]: repr(row["last_seen"]) for row in rows})
+            pipe.expire(said, int(REMEMBERED))
+            try:
+                await pipe.execute()
+            except WatchError:
+                continue
+        return rows, known
+    raise WatchError(f"the cluster's nodes changed {_TRIES} times meanwhile")
 
 
 def known_nodes(entries: dict[Any, Any], now: float) -> list[dict[str, Any]]:

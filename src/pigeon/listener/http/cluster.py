@@ -8,7 +8,10 @@ The cluster knows a node by its entry in the presence hash (`<prefix>:admin:node
 `pigeon.node.presence`): renewed every 2 s while it runs, kept for a day (`REMEMBERED`) after
 it stopped, and meanwhile every admin write names it `pending` (a one-off write: it applies it
 when it starts, if within `[redis] late_operations`). A node taken out of the cluster for good
-would be named so for a day: forgetting it removes its entry now. A node that runs is not
+would be named so for a day: forgetting it removes its entry now, and says it forgotten
+(`<prefix>:admin:nodes:forgotten`, and in the memory of the worker asked), so that the nodes that
+give the presence hash back after Redis lost its data do not give it back too
+(`pigeon.node.presence.forget`). A node that runs is not
 forgotten (409, saying to stop it first): its workers would write their entry again within
 2 s, and a write issued meanwhile would not wait for it. Started again after it was forgotten,
 a node is known again, and reads the admin stream on from where it stopped, as any node does.
@@ -31,6 +34,7 @@ from pigeon.config.schema import Config
 from pigeon.listener.http import tenancy
 from pigeon.listener.http.auth import Scope
 from pigeon.listener.http.context import NODE_KEY
+from pigeon.node import presence
 from pigeon.node.presence import PRESENCE, known_nodes, presence_key
 from pigeon.redaction import redact, redact_url
 
@@ -44,7 +48,6 @@ _log = logging.getLogger(__name__)
 
 NODES_PATH: Final = "/api/v1/cluster/nodes"
 FORGET_PATH: Final = "/api/v1/cluster/nodes/{node}"
-_TRIES: Final = 10  # the presence hash changed between the look and the removal: looked at again
 NO_CLUSTER: Final = "this node has no [redis] url: it is in no cluster, and knows no other node"
 
 
@@ -67,45 +70,36 @@ async def forget(request: web.Request) -> web.Response:
     operator = _unbound(request, "admin")
     from redis.exceptions import RedisError, WatchError
 
-    config = request.app[NODE_KEY].config
+    node = request.app[NODE_KEY]
+    config = node.config
     name = request.match_info["node"]
     client = _client(config)
-    key = presence_key(config)
     try:
-        for _ in range(_TRIES):
-            async with client.pipeline(transaction=True) as pipe:
-                # Watched: a node that starts meanwhile writes its entry, and is then running.
-                await pipe.watch(key)
-                entries: dict[Any, Any] = await pipe.hgetall(key)
-                now = time.time()
-                known = known_nodes(entries, now)
-                rows = [row for row in known if row["node"] == name]
-                if not rows:
-                    raise _not_known(name, known)
-                if running := [row for row in rows if row["running"]]:
-                    raise _running(name, running[0], config, now)
-                pipe.multi()  # type: ignore[no-untyped-call]
-                pipe.hdel(key, *(row["entry"] for row in rows))
-                try:
-                    await pipe.execute()
-                except WatchError:
-                    continue
-            for row in rows:
-                _log.warning(
-                    "cluster: node %s (spool id %s, %d worker(s), last there at %s) forgotten by the cluster, "
-                    "asked by %s: admin writes no longer name it pending",
-                    name,
-                    row["spool"],
-                    row["workers"],
-                    time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["last_seen"])),
-                    operator,
-                )
-            return web.json_response({"forgotten": rows, "by": operator})
+        rows, known = await presence.forget(client, config, name)
+    except WatchError as error:
+        raise _error(web.HTTPServiceUnavailable, f"{error}: try again") from None
     except (RedisError, OSError) as error:
         raise _unreachable(config, error, f"node {name} was not forgotten") from None
     finally:
         await _close(client)
-    raise _error(web.HTTPServiceUnavailable, f"the cluster's nodes changed {_TRIES} times meanwhile: try again")
+    if not rows:
+        raise _not_known(name, known)
+    if running := [row for row in rows if row["running"]]:
+        raise _running(name, running[0], config, time.time())
+    # This worker gives the forget back with the nodes' presence should Redis lose its data
+    # before the other nodes have seen it (`pigeon.node.presence.forget`).
+    node.forgot({row["entry"]: row["last_seen"] for row in rows})
+    for row in rows:
+        _log.warning(
+            "cluster: node %s (spool id %s, %d worker(s), last there at %s) forgotten by the cluster, "
+            "asked by %s: admin writes no longer name it pending",
+            name,
+            row["spool"],
+            row["workers"],
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["last_seen"])),
+            operator,
+        )
+    return web.json_response({"forgotten": rows, "by": operator})
 
 
 def _unbound(request: web.Request, scope: Scope) -> str:

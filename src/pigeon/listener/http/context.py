@@ -37,6 +37,11 @@ class NodeView(Protocol):
     @property
     def effects(self) -> Board | None: ...
 
+    def forgot(self, entries: dict[str, float]) -> None:
+        """The cluster forgot these presence entries (hash field -> when the node was last there):
+        this worker gives that back, should Redis lose its data (`pigeon.node.presence.forget`)."""
+        ...
+
     def health(self) -> dict[str, Any]: ...
 
 
