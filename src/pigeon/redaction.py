@@ -19,20 +19,48 @@ what failed (scheme, user name, host, port, path) and replace the secret with `*
   secret, token, api_key, ...), which covers libpq's keyword DSN form
   (`host=db password='s3 cret' dbname=x` becomes `host=db password=*** dbname=x`).
 
-Sharp edge: this works on the text's shape. A password that breaks the URL's own syntax
-(an unencoded space) or a secret under an innocent-looking name can still get through; do
-not put secrets anywhere but in the userinfo or a parameter named for what it is.
+The userinfo is what comes before the authority's last `@` (as `urllib` and the Redis and
+PostgreSQL clients read it), so a password holding an unencoded `@`, `:` or space goes whole.
+A password holding a character that ends the authority (`/`, `?`, `#`) breaks the URL's syntax:
+what stands before the first of them is then no host and port (`redis://:SEC/RET@h/0` would have
+the port "SEC"), and the userinfo is taken to run to the last `@` that a host follows
+(`redis://:***@h/0`). The authority of a URL that parses as another one is believed: in
+`https://h:8443/@me` the `@` is the path's.
+
+Sharp edge: this works on the text's shape. A password broken by a `/` that still leaves a
+host and a port (`https://user:123/x@h`, which connects to the host "user"), a URL in free text
+cut by a space in its password, or a secret under an innocent-looking name can still get
+through; do not put secrets anywhere but in the userinfo or a parameter named for what it is,
+and percent-encode what the URL's syntax reserves (`%2F` `%3F` `%23` `%40` `%20`).
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 from typing import Final
 
 from pigeon.logs.peer_text import escape_unprintable
 
 MASK: Final = "***"
+
+HARMLESS_HEADERS: Final = frozenset(
+    {
+        "accept",
+        "accept-charset",
+        "accept-encoding",
+        "accept-language",
+        "cache-control",
+        "content-language",
+        "content-type",
+        "pragma",
+        "user-agent",
+    }
+)
+"""Request header fields whose value is shown (`redact_headers`): they say how to read a request
+or what sends it, never who may. Any other's value may be a credential under a name of its own
+(X-Credentials, X-Jwt, Sessionid, X-Access...), which no list of words would all catch."""
 
 # A URL parameter holds a credential when its name ends in a word that says so: token,
 # access_token, key, api_key, X-Amz-Signature, client_secret, sslpassword, ...
@@ -57,6 +85,10 @@ _URL: Final = re.compile(
 )
 # A path segment that is a token: long, and letters mixed with digits (a word or a number is not).
 _TOKEN_SEGMENT: Final = re.compile(r"(?=[A-Za-z0-9_\-.~%]*[0-9])(?=[A-Za-z0-9_\-.~%]*[A-Za-z])[A-Za-z0-9_\-.~%]{16,}")
+# A URL's host (a name or IPv4 address, a bracketed IPv6 one) and port, as RFC 3986 3.2.2-3
+# spells them: what follows a userinfo's `@`.
+_HOST_PORT: Final = re.compile(r"(?:\[[0-9A-Za-z:.%_~-]+\]|[A-Za-z0-9._~%!$&'()*+,;=-]+)(?::[0-9]*)?")
+_AUTHORITY_END: Final = re.compile(r"[/?#]")
 _PARAMETER: Final = re.compile(r"([?&#;])([^=&#;?]*)=([^&#;]*)")
 # key=value in free text (libpq's keyword DSN, log lines): a quoted value, or up to a space.
 # Every log line goes through it, whatever its length: the lookahead on the names' first letters
@@ -74,24 +106,56 @@ def redact_url(url: str) -> str:
     scheme, separator, rest = url.partition("://")
     if not separator:
         return _PAIR.sub(_mask_pair, url)  # libpq's keyword form
-    end = len(rest)
-    for stop in "/?#":
-        found = rest.find(stop)
-        if found != -1:
-            end = min(end, found)
+    userinfo_end = _userinfo_end(rest)
+    shown_userinfo = ""
+    if userinfo_end is not None:
+        user, colon, _ = rest[:userinfo_end].partition(":")
+        shown_userinfo = f"{user}:{MASK}@" if colon else f"{MASK}@"
+        rest = rest[userinfo_end + 1 :]
+    end = _authority_end(rest)
     authority, tail = rest[:end], rest[end:]
     path_end = min((at for at in (tail.find("?"), tail.find("#")) if at >= 0), default=len(tail))
     path = "/".join(MASK if _TOKEN_SEGMENT.fullmatch(part) else part for part in tail[:path_end].split("/"))
     tail = path + tail[path_end:]
-    if "@" in authority:
-        # The last @ ends the userinfo: a password with an unencoded @ still goes whole.
-        userinfo, host = authority.rsplit("@", 1)
-        user, colon, _ = userinfo.partition(":")
-        authority = f"{user}:{MASK}@{host}" if colon else f"{MASK}@{host}"
     before, hash_, fragment = tail.partition("#")
     if fragment and "=" not in fragment:
         fragment = MASK  # a bare fragment is never sent to the server: if it is there, it is a key
-    return f"{scheme}://{authority}{_PARAMETER.sub(_mask_parameter, before + hash_ + fragment)}"
+    return f"{scheme}://{shown_userinfo}{authority}{_PARAMETER.sub(_mask_parameter, before + hash_ + fragment)}"
+
+
+def _authority_end(rest: str) -> int:
+    """Where the authority of the URL after its `://` ends (RFC 3986 3.2: at `/`, `?` or `#`)."""
+    found = _AUTHORITY_END.search(rest)
+    return found.start() if found is not None else len(rest)
+
+
+def _userinfo_end(rest: str) -> int | None:
+    """The index of the `@` that ends the userinfo of the URL after its `://`, or None: none.
+
+    As the clients read it: the authority's last `@`. But when what the URL's syntax makes its
+    host and port is none (an empty host, a port that is no number, a space), a password broke
+    that syntax with a `/`, `?` or `#`, and the userinfo runs to the last `@` that a host (and
+    port) follows, whatever it holds; to the last `@` at all, if none does."""
+    end = _authority_end(rest)
+    at = rest.rfind("@", 0, end)
+    if at != -1 and _HOST_PORT.fullmatch(rest, at + 1, end):
+        return at
+    if "@" not in rest[end:] or (at == -1 and _HOST_PORT.fullmatch(rest, 0, end)):
+        return None if at == -1 else at
+    # In each run between two of `/?#`, only its last `@` can be followed by a host (a host
+    # holds no `@`): one look at each run, from the right, keeps this linear in the URL's length.
+    stops = [found.start() for found in _AUTHORITY_END.finditer(rest, end)]
+    for run_start, run_end in reversed(list(zip(stops, [*stops[1:], len(rest)], strict=True))):
+        last = rest.rfind("@", run_start + 1, run_end)
+        if last != -1 and _HOST_PORT.fullmatch(rest, last + 1, run_end):
+            return last
+    return rest.rfind("@")
+
+
+def redact_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """`headers` (configured request headers) with every value masked but a harmless field's
+    (`HARMLESS_HEADERS`: Content-Type, Accept, User-Agent, ...; names in any case)."""
+    return {name: value if name.lower() in HARMLESS_HEADERS else MASK for name, value in headers.items()}
 
 
 def redact(text: str) -> str:

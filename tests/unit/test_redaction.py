@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from pigeon.redaction import RedactingFormatter, redact, redact_url
+from pigeon.redaction import RedactingFormatter, redact, redact_headers, redact_url
 
 
 @pytest.mark.parametrize(
@@ -48,6 +48,46 @@ from pigeon.redaction import RedactingFormatter, redact, redact_url
 def test_a_url_keeps_its_host_and_loses_its_credentials(secret_bearing: str, shown: str) -> None:
     assert redact_url(secret_bearing) == shown
     assert redact(f"Redis at {secret_bearing}: Error 111 connecting") == f"Redis at {shown}: Error 111 connecting"
+
+
+@pytest.mark.parametrize(
+    ("secret_bearing", "shown"),
+    [
+        ("redis://:REDIS SECRET7@127.0.0.1:41391/0", "redis://:***@127.0.0.1:41391/0"),  # a space
+        ("redis://:SEC/RET11@127.0.0.1/0", "redis://:***@127.0.0.1/0"),  # base64's "/"
+        ("postgresql://app:SE#CR?ET@db.example:5432/mail", "postgresql://app:***@db.example:5432/mail"),
+        ("https://bob:S/E?C#R@E@T@hooks.example/in?page=2", "https://bob:***@hooks.example/in?page=2"),
+        ("redis://:a@/b@cache.example:6380/0", "redis://:***@cache.example:6380/0"),  # "@/" then "@host"
+        ("https://bob:SE/CRET@[::1]:8443/in", "https://bob:***@[::1]:8443/in"),
+    ],
+)
+def test_a_password_holding_what_ends_a_host_goes_whole(secret_bearing: str, shown: str) -> None:
+    assert redact_url(secret_bearing) == shown
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://hooks.example/users/@me",
+        "https://hooks.example:8443/users/@me",
+        "https://hooks.example/notify?to=ops@example.com",
+        "unix:///run/redis.sock?db=2",
+        "redis://host:port",
+    ],
+)
+def test_an_at_sign_after_a_host_is_the_paths_and_stays(url: str) -> None:
+    assert redact_url(url) == url
+
+
+def test_config_headers_keep_only_a_harmless_fields_value() -> None:
+    headers = {"X-Credentials": "c", "X-Jwt": "j", "Sessionid": "s", "content-type": "text/plain", "User-Agent": "u"}
+    assert redact_headers(headers) == {
+        "X-Credentials": "***",
+        "X-Jwt": "***",
+        "Sessionid": "***",
+        "content-type": "text/plain",
+        "User-Agent": "u",
+    }
 
 
 def test_a_keyword_dsn_loses_its_password_quoted_or_not() -> None:

@@ -52,6 +52,8 @@ _LOG_TEXT: dict[str, Callable[[int], str]] = {
     "a URL of a long parameter name": lambda n: "http://h.example/?" + "a" * n + "=1",
     "a URL of parameters": lambda n: "http://h.example/?" + "a=&" * (n // 3),
     "a URL with @ after @": lambda n: "http://" + "a@" * (n // 2),
+    "a broken userinfo, then @ after # after @": lambda n: "http://:x" + "#a@" * (n // 3),
+    "a broken userinfo, then # then /@": lambda n: "http://:x" + "#" * (n // 2) + "/@" * (n // 4),
     "controls": lambda n: "=\x1b\u202e" * (n // 3),
 }
 

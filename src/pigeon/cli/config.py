@@ -8,9 +8,11 @@ Every key with its value, defaults included (`postconf`, `postconf -d` merged), 
 `--changed` only the keys the file sets (`postconf -n`), each with the value it has once
 loaded: a relative path is shown as the absolute one it names, a size in bytes, a duration in
 seconds. A key whose default is "not set" is left out unless set. Secrets are shown as `***`:
-tokens, passwords, webhook secrets, the password in a Redis, PostgreSQL or webhook URL, and
-credentials in a webhook's headers (`redaction.redact` for URLs and DSNs). The output loads
-as the same configuration (`pigeon serve --check -c`), once any `***` is filled in again.
+tokens, passwords, webhook secrets, the userinfo password or token (whatever it holds) and the
+secret parameters of a Redis, PostgreSQL or webhook URL (`redaction.redact_url`, as the node's
+logs show them), and the value of every webhook or log hook header but a harmless one's
+(`redaction.redact_headers`: Content-Type, Accept, User-Agent, ...). The output loads as the
+same configuration (`pigeon serve --check -c`), once any `***` is filled in again.
 """
 
 from __future__ import annotations
@@ -25,19 +27,14 @@ from typing import Any, Final
 import msgspec
 
 from pigeon.cli.common import add_config_option, load_config
-from pigeon.config.schema import Config, toml_spelling
-from pigeon.redaction import MASK, redact
+from pigeon.config.schema import HEADERS_KEY, SECRET_KEYS, URL_KEYS, Config, toml_spelling
+from pigeon.redaction import MASK, redact_headers, redact_url
 
 EXAMPLES = """examples:
   pigeon config show -c /etc/pigeon.toml             # every key, defaults included (postconf)
   pigeon config show -c /etc/pigeon.toml --changed   # only what the file sets (postconf -n)
   pigeon config show | grep timeout                  # the built-in defaults
 """
-SECRET_KEYS: Final = frozenset({"token", "password", "auth_password", "secret"})
-"""Keys whose (string) value is a secret, shown as `MASK` whole."""
-URL_KEYS: Final = frozenset({"url", "redis_url", "dsn"})
-"""Keys whose (string) value is a URL or DSN that may carry a password or token (`redact`)."""
-_SECRET_HEADER: Final = re.compile(r"auth|token|key|secret|signature|cookie|pass", re.IGNORECASE)
 _BARE_KEY: Final = re.compile(r"[A-Za-z0-9_-]+")
 
 
@@ -99,15 +96,17 @@ def _without_unset(value: Any) -> Any:
 
 def _redacted(value: Any, key: str = "") -> Any:
     if isinstance(value, dict):
-        if key == "headers":  # a webhook's: "Authorization = 'Bearer ...'"
-            return {name: MASK if _SECRET_HEADER.search(name) else item for name, item in value.items()}
+        if key == HEADERS_KEY:  # a webhook's or log hook's: "Authorization = 'Bearer ...'", "X-Jwt = ..."
+            return redact_headers(value)
         return {name: _redacted(item, name) for name, item in value.items()}
     if isinstance(value, list):
         return [_redacted(item, key) for item in value]
     if isinstance(value, str) and key in SECRET_KEYS:
         return MASK
     if isinstance(value, str) and key in URL_KEYS:
-        return redact(value)
+        # One URL: read as the clients read it, not as free text (which a space in the
+        # password would end before its `@`).
+        return redact_url(value)
     return value
 
 

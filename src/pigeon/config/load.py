@@ -26,7 +26,10 @@ from pigeon.config.patterns import GLOB_SETTINGS, PatternError, domain_glob
 from pigeon.config.schema import (
     DKIM_HEADERS,
     DKIM_OVER_SIGNED,
+    HEADERS_KEY,
     LOCAL_TOKEN_NAME,
+    SECRET_KEYS,
+    URL_KEYS,
     Config,
     Endpoint,
     LogTarget,
@@ -50,7 +53,6 @@ from pigeon.listener.passwords import PasswordFile, PasswordFileError, binding_p
 from pigeon.listener.tls import PairProblem, check_pair
 from pigeon.node.privileges import IdentityError, identity
 from pigeon.queue.names import queue_part_problem
-from pigeon.redaction import redact_url
 from pigeon.route_tenants import matches_everything
 from pigeon.shaping.gcra import Rate
 from pigeon.shaping.providers import check_name, normalise_suffix, shipped
@@ -743,7 +745,7 @@ def _redis_url_problem(url: str) -> str | None:
         parts = urllib.parse.urlsplit(url)
         port = parts.port
     except ValueError as error:
-        return f"not a Redis URL ({str(error).split(':')[0]}); e.g. redis://127.0.0.1:6379/0"
+        return f"not a Redis URL: {_url_syntax_problem(error)} (e.g. redis://127.0.0.1:6379/0)"
     scheme = parts.scheme.lower()
     if scheme not in ("redis", "rediss", "unix"):
         shown = f"scheme {parts.scheme}:// is not" if parts.netloc else "no scheme: it must start with"
@@ -767,7 +769,8 @@ def _dsn_port_problem(dsn: str) -> str | None:
     try:
         port = urllib.parse.urlsplit(dsn).port
     except ValueError as error:
-        return f"not a URL ({str(error).split(':')[0]}); e.g. postgresql://user@host:5432/database"
+        example = "e.g. postgresql://host:5432/database, user:password@ before the host"
+        return f"not a URL: {_url_syntax_problem(error)} ({example})"
     return "port 0 is no server's; a port to connect to is 1 to 65535" if port == 0 else None
 
 
@@ -784,12 +787,13 @@ def _header_problem(headers: dict[str, str]) -> str | None:
 
 def _webhook_url_problem(url: str) -> str | None:
     """What is wrong with a webhook `url` (None: nothing): it must be http:// or https:// with a
-    host, and a port, if any, from 1 to 65535. (The URL is shown with its secrets masked.)"""
+    host, and a port, if any, from 1 to 65535. (The URL is not shown: it may hold a password or
+    token, which a mistyped URL is no safer to mask.)"""
     try:
         parts = urllib.parse.urlsplit(url)
         why = "port 0 is no server's (a port to connect to is 1 to 65535)" if parts.port == 0 else ""
     except ValueError as error:
-        why = f"not a URL ({error})"
+        why = f"not a URL: {_url_syntax_problem(error)}"
     else:
         if parts.scheme.lower() not in ("http", "https") and parts.netloc:
             why = f"scheme {parts.scheme!r} is not http or https"
@@ -799,7 +803,24 @@ def _webhook_url_problem(url: str) -> str | None:
             why = "no host"
     if not why:
         return None
-    return f'{redact_url(url)!r}: {why}; expected an http:// or https:// URL with a host, like "https://app.example/inbound"'
+    return f'{why}; expected an http:// or https:// URL with a host, like "https://app.example/inbound"'
+
+
+def _url_syntax_problem(error: ValueError) -> str:
+    """What `urllib` found wrong with a URL, in words that quote none of it. A URL may hold a
+    password, and one holding `/`, `?` or `#` ends the host early: what `urllib` then calls the
+    port ("could not be cast to integer value as 'SEC'") is the password's beginning."""
+    said = str(error)
+    if said.startswith("Port could not be cast"):
+        return (
+            "what follows the host's ':' is no port number (a password that holds '/', '?' or '#' "
+            "must have them percent-encoded: %2F, %3F, %23)"
+        )
+    if said.startswith("Port out of range"):
+        return "the port is out of range (a port to connect to is 1 to 65535)"
+    if "IPv6" in said or "IPv4" in said:
+        return "the host in [brackets] is no IPv6 address"
+    return "it cannot be read as a URL (percent-encode what its password or path holds of '/?#@ %')"
 
 
 _SOURCE_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -1500,7 +1521,9 @@ def _explain(message: str, path: Path, text: str, data: Any = None) -> str:
     """msgspec's `message` about the file `path` as Pigeon says it: the file, line and key (an
     array of tables' by its number), and what was expected in words (`data`: what the file
     decoded to, for the value it holds there)."""
-    match = _AT.match(message)
+    # A value in a table of free keys (`.headers[...]`): named as the table, the reason as its value's.
+    of_a_value = message.endswith("[...]`")
+    match = _AT.match(message.replace("[...]`", "`") if of_a_value else message)
     assert match is not None
     reason = match.group("message")
     keys = [k for k in re.split(r"\.|\[\d+\]", match.group("path") or "") if k]
@@ -1548,7 +1571,11 @@ def _explain(message: str, path: Path, text: str, data: Any = None) -> str:
         if choices:
             reason += f"; choose one of {', '.join(repr(c) for c in choices)}"
     elif reason.startswith("Expected `"):
-        reason = _expected_in_words(reason, keys, _value_at(data, match.group("path") or ""))
+        reason = _expected_in_words(
+            reason, keys, _NO_VALUE if of_a_value else _value_at(data, match.group("path") or "")
+        )
+    if of_a_value:
+        reason = f"each value: {reason}"
     line = _line_of(text, keys)
     name = _key_name(keys)
     block = _BLOCK.match(match.group("path") or "")
@@ -1619,6 +1646,12 @@ def _shown(value: Any) -> str:
     return toml_spelling(value)
 
 
+def _holds_secret(keys: list[str]) -> bool:
+    """Whether the key at `keys` holds a secret, or a URL or header that may: what is wrong
+    with it is said without its value (`auth_password = 12345678` is one, mistyped)."""
+    return bool(keys) and (keys[-1] in SECRET_KEYS or keys[-1] in URL_KEYS or HEADERS_KEY in keys)
+
+
 def _expected_in_words(reason: str, keys: list[str], value: Any) -> str:
     """msgspec's "Expected `int`, got `str`" as "expected a whole number, got a string "x"",
     and its "Expected `int` >= 1" as "must be a whole number of at least 1, got 0"."""
@@ -1626,7 +1659,7 @@ def _expected_in_words(reason: str, keys: list[str], value: Any) -> str:
     if found is None:
         return reason
     kind = _EXPECTED_OF_KEY.get(keys[-1] if keys else "") or _kind_in_words(found["kind"])
-    shown = "" if value is _NO_VALUE else _shown(value)
+    shown = "" if value is _NO_VALUE or _holds_secret(keys) else _shown(value)
     if found["got"] is not None:
         if found["got"] == "bool" and shown:
             return f"expected {kind}, got {shown}"  # ("got true", not "got true or false true")

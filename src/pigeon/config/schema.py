@@ -298,6 +298,17 @@ _HOOKED: Final = (
 """The kinds `decode_hook` reads."""
 
 
+SECRET_KEYS: Final = frozenset({"token", "password", "auth_password", "secret"})
+"""Keys whose value is a secret: `pigeon config show` writes it as `***`, and an error about it
+names the key and what is wrong, never the value."""
+URL_KEYS: Final = frozenset({"url", "redis_url", "dsn"})
+"""Keys whose value is a URL or DSN that may carry a password or token: shown redacted
+(`redaction.redact_url`), and never in an error about it."""
+HEADERS_KEY: Final = "headers"
+"""A webhook's or log hook's request headers: every value but a harmless header's is shown as
+`***` (`redaction.redact_headers`), and none in an error."""
+
+
 MORE_THAN_ZERO: Final = 'must be more than 0 (e.g. "2s", "250ms")'
 """What a `PositiveDuration` of 0 is told."""
 

@@ -718,8 +718,8 @@ def test_a_mysql_dsn_is_not_called_key_value(tmp_path: Path) -> None:
     [
         ("127.0.0.1:6379", "no scheme: it must start with redis://, rediss:// or unix://"),
         ("http://127.0.0.1:6379/0", "scheme http:// is not redis://"),
-        ("redis://127.0.0.1:port/0", "not a Redis URL (Port could not be cast to integer value as 'port')"),
-        ("redis://:secret@127.0.0.1:99999/0", "not a Redis URL (Port out of range 0-65535)"),
+        ("redis://127.0.0.1:port/0", "not a Redis URL: what follows the host's ':' is no port number"),
+        ("redis://:secret@127.0.0.1:99999/0", "not a Redis URL: the port is out of range (a port to connect to is 1"),
         ("redis:///0", "no host"),
         ("redis://127.0.0.1:6379/queue", "must be a database number"),
         ("unix://", "needs the socket's path"),
