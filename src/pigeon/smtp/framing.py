@@ -36,14 +36,6 @@ from pigeon.smtp import replies
 from pigeon.smtp.replies import Reply
 
 _BARE_ENDING: Final = re.compile(rb"\r\n|\r|\n")
-SENDMAIL_TRACE: Final = re.compile(
-    rb"Received: by [!-~]{1,255} \(Pigeon sendmail, from userid [0-9]{1,10}\);\r\n\t[ -~]{1,64}\r\n"
-)
-"""The Received field `pigeon sendmail` puts first in a message it submits (the local user who
-sent it, as Postfix's "(Postfix, from userid 33)"). It is Pigeon's, so `max_message_size` does
-not count it, as it counts none of the fields Pigeon adds: a message of exactly the limit
-passes through sendmail as through every other door. (A client that writes one itself gains
-at most the ~350 octets of its shape.)"""
 
 
 class BareLinefeeds(enum.Enum):
@@ -150,7 +142,7 @@ class ContentChecker:
     for the rest: there is no point in keeping bytes that will be refused.
     """
 
-    __slots__ = ("_begun", "_held_cr", "_line_len", "_max_line", "_max_size", "_normalise", "size", "violations")
+    __slots__ = ("_held_cr", "_line_len", "_max_line", "_max_size", "_normalise", "size", "violations")
 
     def __init__(self, *, max_size: int, max_line_length: int, bare_linefeeds: BareLinefeeds) -> None:
         self._max_size = max_size
@@ -158,7 +150,6 @@ class ContentChecker:
         self._normalise = bare_linefeeds is BareLinefeeds.NORMALISE
         self._held_cr = False  # the previous block ended in CR: its LF may be next
         self._line_len = 0  # length of the unfinished line at the end of the previous block
-        self._begun = False  # some of the message was fed
         self.size = 0
         self.violations: set[Violation] = set()
 
@@ -176,11 +167,6 @@ class ContentChecker:
             self._held_cr = True
         if not data:
             return b""
-        if not self._begun:
-            self._begun = True
-            # (Its first block holds the whole field: sendmail and -bs send it in one write.)
-            if (trace := SENDMAIL_TRACE.match(data)) is not None:
-                self.size -= trace.end()
         flags, tail = inspect(data, self._line_len, self._max_line)
         if flags & NUL:
             self.violations.add(Violation.NUL)
