@@ -1,12 +1,16 @@
 """`pigeon sendmail` at the node's limits and with recipient arguments as callers write them:
 more recipients than `[smtp] max_recipients` still reach all of them (in further transactions,
 as RFC 5321 4.5.3.1.10 asks after a `452 4.5.3`), a message of exactly `[smtp]
-max_message_size` passes as it does at every other door (the `Received` field sendmail adds is
-Pigeon's, not counted), and an argument that is no address is refused naming it."""
+max_message_size` is refused at MAIL, before its content is sent, saying why (the `Received`
+field sendmail puts first counts against the limit, as Postfix counts its sendmail's, and its
+SIZE= declares it), while the other doors take it, and an argument that is no address is
+refused naming it."""
 
 from __future__ import annotations
 
 import os
+import re
+import smtplib
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -135,37 +139,80 @@ def a_message_of(size: int, marker: bytes) -> bytes:
     return message
 
 
-def test_a_message_of_exactly_max_message_size_passes_and_one_octet_more_is_refused_as_too_big(
-    node: PigeonProcess, sink: ScriptedSink
-) -> None:
-    exact = sendmail(node.config_path, "-i", "big@rich.test", message=a_message_of(LIMIT, b"marker-exact"))
-    assert exact.returncode == 0, exact.stderr
-    got = all_arrived(sink, b"marker-exact", 1)[0]
-    assert b"(Pigeon sendmail, from userid" in got.data  # (its Received field is there, uncounted)
-    over = sendmail(node.config_path, "-i", "-f", "a@example.org", "big@rich.test",
-                    message=a_message_of(LIMIT + 1, b"marker-over"))  # fmt: skip
-    assert over.returncode == 65, over.stderr
-    # What was refused, and why: the message, for its size (not "sender ... refused").
-    assert b"sender" not in over.stderr
-    assert b"the message (20481 octets) refused" in over.stderr and b"552 5.3.4" in over.stderr
+SIZE_REFUSED = re.compile(
+    rb"([0-9]+) octets as submitted, over the node's limit of 20480 octets \(\[smtp\] max_message_size\),"
+    rb" which counts the Received field sendmail puts first \(([0-9]+) octets\), as Postfix counts its sendmail's"
+)
+SENDMAILS_FIELD = re.compile(rb"Received: by [^\r]* \(Pigeon sendmail, from userid [0-9]+\);\r\n\t[^\r]*\r\n")
 
 
-def test_bs_a_message_of_exactly_max_message_size_declared_with_size_is_taken(
+def test_a_message_of_exactly_max_message_size_is_refused_at_mail_counting_sendmails_received_field(
     node: PigeonProcess, sink: ScriptedSink
 ) -> None:
-    message = a_message_of(LIMIT, b"marker-bs-exact")
-    session = (
-        b"EHLO app.example\r\n"
-        b"MAIL FROM:<a@example.org> SIZE=%d\r\n"
-        b"RCPT TO:<big@rich.test>\r\n"
-        b"DATA\r\n" % LIMIT + message + b".\r\n"
-        b"QUIT\r\n"
-    )
+    exact = sendmail(node.config_path, "-i", "-v", "-f", "a@example.org", "big@rich.test",
+                     message=a_message_of(LIMIT, b"marker-exact"))  # fmt: skip
+    assert exact.returncode == 65, exact.stderr
+    # What was refused, and why: the message, for its size as it went (not "sender ... refused").
+    error = exact.stderr.splitlines()[-1]
+    assert error.startswith(b"sendmail: the message refused for its size: "), exact.stderr
+    assert error.endswith(b": 552 5.3.4 Message size exceeds fixed maximum message size of 20480 octets")
+    why = SIZE_REFUSED.search(error)
+    assert why is not None, error
+    submitted, own = int(why[1]), int(why[2])
+    assert own > 0 and submitted == LIMIT + own
+    # At MAIL: its SIZE= declared the message with the field, and its content never went.
+    assert b"SIZE=%d" % submitted in exact.stderr
+    assert b"send: 'data" not in exact.stderr.lower()
+    # One that is the limit with the field is taken; and `own` is the field as it arrived.
+    fits = sendmail(node.config_path, "-i", "big@rich.test", message=a_message_of(LIMIT - own, b"marker-fits"))
+    assert fits.returncode == 0, fits.stderr
+    got = all_arrived(sink, b"marker-fits", 1)[0]
+    field = SENDMAILS_FIELD.search(got.data)
+    assert field is not None and len(field[0]) == own
+    # The other doors count the message as the client gave it: the same message is taken.
+    with smtplib.SMTP("127.0.0.1", node.smtp_port, timeout=30) as client:
+        client.sendmail("a@example.org", ["big@rich.test"], a_message_of(LIMIT, b"marker-smtp-exact"))
+    all_arrived(sink, b"marker-smtp-exact", 1)
+    assert not any(b"marker-exact\r\n" in m.data for m in sink.received)
+
+
+def a_session(*lines: bytes, message: bytes = b"") -> bytes:
+    return b"".join(line + b"\r\n" for line in lines) + (message + b".\r\nQUIT\r\n" if message else b"")
+
+
+def test_bs_mail_with_size_of_exactly_max_message_size_is_refused_saying_sendmails_field_counts(
+    node: PigeonProcess, sink: ScriptedSink
+) -> None:
+    # The caller's SIZE= grown by the field sendmail puts first: refused at MAIL, with why.
+    session = a_session(b"EHLO app.example", b"MAIL FROM:<a@example.org> SIZE=%d" % LIMIT, b"QUIT")
     result = sendmail(node.config_path, "-bs", "-i", message=session)
     assert result.returncode == 0, result.stderr
+    replies = [line for line in result.stdout.split(b"\r\n") if line[3:4] == b" "]
+    assert [reply[:3] for reply in replies] == [b"220", b"250", b"552", b"221"], result.stdout
+    assert replies[2].startswith(b"552 5.3.4 Message size exceeds fixed maximum message size of 20480 octets (")
+    why = SIZE_REFUSED.search(replies[2])
+    assert why is not None, replies[2]
+    own = int(why[2])
+    assert own > 0 and int(why[1]) == LIMIT + own
+    # Declared at the limit with the field, it is taken.
+    message = a_message_of(LIMIT - own, b"marker-bs-fits")
+    session = a_session(b"EHLO app.example", b"MAIL FROM:<a@example.org> SIZE=%d" % (LIMIT - own),
+                        b"RCPT TO:<big@rich.test>", b"DATA", message=message)  # fmt: skip
+    result = sendmail(node.config_path, "-bs", "-i", message=session)
     replies = [line[:3] for line in result.stdout.split(b"\r\n") if line[3:4] == b" "]
     assert replies == [b"220", b"250", b"250", b"250", b"354", b"250", b"221"], result.stdout
-    all_arrived(sink, b"marker-bs-exact", 1)
+    got = all_arrived(sink, b"marker-bs-fits", 1)[0]
+    field = SENDMAILS_FIELD.search(got.data)
+    assert field is not None and len(field[0]) == own
+    # Without SIZE=, the refusal at the end of the data says the same.
+    session = a_session(b"EHLO app.example", b"MAIL FROM:<a@example.org>", b"RCPT TO:<big@rich.test>", b"DATA",
+                        message=a_message_of(LIMIT, b"marker-bs-exact"))  # fmt: skip
+    result = sendmail(node.config_path, "-bs", "-i", message=session)
+    replies = [line for line in result.stdout.split(b"\r\n") if line[3:4] == b" "]
+    assert [reply[:3] for reply in replies] == [b"220", b"250", b"250", b"250", b"354", b"552", b"221"]
+    why = SIZE_REFUSED.search(replies[5])
+    assert why is not None and int(why[1]) == LIMIT + own and int(why[2]) == own, replies[5]
+    assert not any(b"marker-bs-exact" in m.data for m in sink.received)
 
 
 def test_bs_bdat_chunks_are_answered_with_the_clients_own_octets(node: PigeonProcess, sink: ScriptedSink) -> None:

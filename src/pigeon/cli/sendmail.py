@@ -550,8 +550,10 @@ def submit(node: Node, sender: str, recipients: list[str], options: Options, dat
     4.5.3`, `[smtp] max_recipients`), in as many as it needs, as RFC 5321 4.5.3.1.10 asks: each
     on a connection of its own, every envelope taken before any message is sent, so that a 4xx
     in the last one still leaves nothing sent. `own`: the octets at the start of `data` that
-    this command wrote (its Received field), which the node does not count against `[smtp]
-    max_message_size` (as none of what Pigeon adds): not in SIZE either."""
+    this command wrote (its Received field). The node counts them against `[smtp]
+    max_message_size`, as Postfix counts what its sendmail adds, so SIZE= declares them too: a
+    message the node will refuse is refused at MAIL, before its content is sent, and the error
+    says that they were counted (`size_refused`)."""
     where = f"[{node.host}]:{node.port}" if ":" in node.host else f"{node.host}:{node.port}"
     clients: list[smtplib.SMTP] = []
     sent: list[str] = []
@@ -606,7 +608,7 @@ def _submit(
             raise Refused(NOUSER, "; ".join(refused) + ": nothing sent")
         for client, accepted in transactions:
             if accepted:
-                _message(client, data)
+                _message(client, data, own)
                 sent += accepted
         return refused
     except smtplib.SMTPServerDisconnected as error:  # (before the message went: `_message`)
@@ -660,7 +662,7 @@ def _envelope(
     """MAIL and RCPTs of one transaction: the recipients taken, and those left for another
     (after a `452 4.5.3`). Those refused go in `refused` (for good) and `later` (for now)."""
     unicode = not (sender + "".join(recipients)).isascii() or not data.split(b"\r\n\r\n", 1)[0].isascii()
-    mail = [f"SIZE={len(data) - own}"] if client.has_extn("size") else []
+    mail = [f"SIZE={len(data)}"] if client.has_extn("size") else []
     if not data.isascii() and client.has_extn("8bitmime"):
         mail.append("BODY=8BITMIME")
     if unicode and client.has_extn("smtputf8"):
@@ -675,11 +677,9 @@ def _envelope(
         mail.append(f"ENVID={_xtext(options.envid)}")
     code, text = client.docmd("MAIL", f"FROM:<{sender}>{''.join(' ' + m for m in mail)}")
     if code != 250:
-        if code == 552 or text.startswith((b"5.3.4", b"4.3.4")):
-            what = f"the message ({len(data) - own} octets)"  # (SIZE=: the sender is not the matter)
-        else:
-            what = f"sender <{shown(sender)}>"
-        raise Refused(_status_of(code, text, DATAERR), f"{what} refused: {_reply(code, text)}")
+        if _too_big(code, text):  # (SIZE=: the sender is not the matter)
+            raise Refused(_status_of(code, text, DATAERR), _refused_for_size(client, len(data), own, code, text))
+        raise Refused(_status_of(code, text, DATAERR), f"sender <{shown(sender)}> refused: {_reply(code, text)}")
     rcpt = f" NOTIFY={options.notify}" if dsn and options.notify else ""
     accepted: list[str] = []
     for index, recipient in enumerate(recipients):
@@ -693,7 +693,30 @@ def _envelope(
     return accepted, []
 
 
-def _message(client: smtplib.SMTP, data: bytes) -> None:
+def _too_big(code: int, text: bytes) -> bool:
+    """A reply that refuses the message for its size (RFC 1870 6, RFC 3463 X.3.4)."""
+    return code == 552 or text.startswith((b"5.3.4", b"4.3.4"))
+
+
+def size_refused(submitted: int, own: int, limit: int | None) -> str:
+    """Why a message was refused for its size, for the one who sent it through this command:
+    the size it went in with, the node's limit, and that the limit counts the Received field
+    this command puts first (`own` octets), as Postfix counts what its sendmail adds. Without
+    that a message the caller measured at the limit seems refused for nothing."""
+    over = f"over the node's limit of {limit} octets" if limit else "over the node's limit"
+    return (
+        f"{submitted} octets as submitted, {over} ([smtp] max_message_size), which counts the Received"
+        f" field sendmail puts first ({own} octets), as Postfix counts its sendmail's"
+    )
+
+
+def _refused_for_size(client: smtplib.SMTP, submitted: int, own: int, code: int, text: bytes) -> str:
+    offered = client.esmtp_features.get("size", "")
+    limit = int(offered) if offered.isdigit() and int(offered) > 0 else None  # (SIZE 0: no limit given)
+    return f"the message refused for its size: {size_refused(submitted, own, limit)}: {_reply(code, text)}"
+
+
+def _message(client: smtplib.SMTP, data: bytes, own: int) -> None:
     """DATA, the message, and the node's answer to it."""
     client.putcmd("data")
     code, text = client.getreply()
@@ -710,6 +733,8 @@ def _message(client: smtplib.SMTP, data: bytes) -> None:
             " been accepted (sending it again may deliver it twice; the node's Reception records say)",
         ) from None
     if code != 250:
+        if _too_big(code, text):  # (a node that offers no SIZE, or one that counts more)
+            raise Refused(_status_of(code, text, DATAERR), _refused_for_size(client, len(data), own, code, text))
         raise Refused(_status_of(code, text, DATAERR), f"the message refused: {_reply(code, text)}")
 
 
@@ -774,7 +799,7 @@ def _run(argv: Sequence[str]) -> int:
         raise UsageError("no recipients: the message has no To, Cc or Bcc address")
     complete(message, sender or _qualified(user.pw_name, node.domain), _full_name(options, user), node.domain)
     qualify_fields(message, node.domain)
-    # Its Received field first, as folded as any field (Pigeon does not count it: `submit`).
+    # Its Received field first, as folded as any field (counted by the node: `submit`).
     trace = Message([trace_field(node.domain, user.pw_uid)], b"").content(node.max_line)[:-2]
     refused = submit(node, sender, recipients, options, trace + message.content(node.max_line), len(trace))
     if refused:
@@ -798,16 +823,21 @@ class SmtpRelay:
     put the Received field that names the user (`trace_field`) before each message's content:
     after the 354 that answers DATA, or with the first BDAT chunk of a transaction (its size
     grown by the field's, and the node's "N octets received" for the transaction's chunks told
-    the caller without them: its own octets). After STARTTLS it passes bytes only (nothing to
-    read then). Sans-IO: `client` and `server` take what each side sent and return what goes
-    on."""
+    the caller without them: its own octets). The node counts the field against `[smtp]
+    max_message_size`, as Postfix counts what its sendmail adds, so a MAIL's SIZE= is grown by
+    it too, and a refusal for size (`5.3.4`, at MAIL or at the content's end) says so
+    (`size_refused`). After STARTTLS it passes bytes only (nothing to read then). Sans-IO:
+    `client` and `server` take what each side sent and return what goes on."""
 
     def __init__(self, trace: bytes) -> None:
         self.trace = trace
         self.held = b""  # the caller's bytes not passed on yet
         self.replies_due = 1  # the greeting's
         self.added: list[int] = [0]  # for each reply due, the octets of ours its count holds
+        self.sizes: list[int] = [0]  # for each reply due, the message's octets it answers (0: none)
         self.chunks_added = 0  # octets of ours in the open transaction's BDAT chunks
+        self.content = 0  # octets of the open transaction's message passed on so far, ours too
+        self.limit: int | None = None  # the node's SIZE (its EHLO reply), 0 taken as no limit
         self.reply_text = b""  # the node's unfinished reply line
         self.last_code = b""
         self.waiting_on = b""  # DATA or STARTTLS: the caller's bytes wait for its reply
@@ -830,12 +860,19 @@ class SmtpRelay:
         lines: list[bytes] = []
         while b"\n" in self.reply_text:
             line, self.reply_text = self.reply_text.split(b"\n", 1)
+            if (offer := _SIZE_OFFERED.fullmatch(line)) is not None:
+                self.limit = int(offer[1]) or None
             if line[3:4] != b"-":  # the last line of a reply
                 self.replies_due -= 1
                 self.last_code = line[:3]
                 added = self.added.pop(0) if self.added else 0
+                size = self.sizes.pop(0) if self.sizes else 0
                 if added and (count := _CHUNK_RECEIVED.fullmatch(line)) is not None:
                     line = b"%s%d%s" % (count[1], int(count[2]) - added, count[3])
+                elif size and line[4:9] in (b"5.3.4", b"4.3.4"):
+                    why = size_refused(size, len(self.trace), self.limit).encode()
+                    end = b"\r" if line.endswith(b"\r") else b""
+                    line = line.removesuffix(b"\r") + b" (" + why + b")" + end
             lines.append(line + b"\n")
         to_node = self._forward()
         if self.raw:  # (after STARTTLS's 220: nothing is read any more)
@@ -843,9 +880,10 @@ class SmtpRelay:
             self.reply_text = b""
         return b"".join(lines), to_node
 
-    def _due(self, added: int = 0) -> None:
+    def _due(self, added: int = 0, size: int = 0) -> None:
         self.replies_due += 1
         self.added.append(added)
+        self.sizes.append(size)
 
     def _forward(self) -> bytes:
         out: list[bytes] = []
@@ -857,6 +895,7 @@ class SmtpRelay:
                     self.in_data = True
                     if self.new_content:
                         out.append(self.trace)
+                        self.content += len(self.trace)
                         self.new_content = False
                 self.raw = self.waiting_on == b"STARTTLS" and self.last_code == b"220"
                 self.waiting_on = b""
@@ -874,18 +913,25 @@ class SmtpRelay:
             line, self.held = self.held[: end + 1], self.held[end + 1 :]
             if self.in_data:
                 self.in_data = line.rstrip(b"\r\n") != b"."
-                if not self.in_data:
-                    self._due()
+                if self.in_data:
+                    self.content += len(line) - line.startswith(b".")  # (the node unstuffs a dot)
+                else:
+                    self._due(size=self.content)
+                    self.content = 0
                 out.append(line)
                 continue
             words = line.split()
             verb = words[0].upper() if words else b""
+            size = 0  # (the message's octets that the reply to this line answers for)
             if verb == b"MAIL":
                 self.new_content = True
                 self.chunks_added = 0
+                self.content = 0
+                line, size = self._mail_size_grown(line)
             elif verb in (b"RSET", b"EHLO", b"HELO"):
                 self.new_content = False
                 self.chunks_added = 0
+                self.content = 0
             elif verb in (b"DATA", b"STARTTLS"):
                 self.waiting_on = verb
             elif verb == b"BDAT" and len(words) > 1 and words[1].isdigit():
@@ -895,13 +941,36 @@ class SmtpRelay:
                     line += self.trace
                     self.new_content = False
                     self.chunks_added = len(self.trace)
-            self._due(self.chunks_added if verb == b"BDAT" else 0)
+                    self.content += len(self.trace)
+                self.content += self.chunk_left
+                size = self.content
+                if len(words) > 2 and words[2].upper() == b"LAST":
+                    self.content = 0
+            self._due(self.chunks_added if verb == b"BDAT" else 0, size)
             out.append(line)
         if self.raw:
             out.append(self.held)
             self.held = b""
         return b"".join(out)
 
+    def _mail_size_grown(self, line: bytes) -> tuple[bytes, int]:
+        """A MAIL line with its SIZE= (RFC 1870) grown by the Received field this puts before
+        the content, so that it declares the message as it will go; and that size (0: none)."""
+        path = _MAIL_PATH.match(line)
+        if path is None:
+            return line, 0  # (the node answers it)
+        size = _SIZE_PARAMETER.search(line, path.end())
+        if size is None:
+            return line, 0
+        grown = int(size[2]) + len(self.trace)
+        return line[: size.start(2)] + b"%d" % grown + line[size.end(2) :], grown
+
+
+_MAIL_PATH: Final = re.compile(rb'(?i)MAIL[ \t]+FROM:[ \t]*(?:<(?:"(?:[^"\\]|\\.)*"|[^">])*>|[^ \t\r\n]*)')
+"""A MAIL line up to the end of its reverse-path (a quoted local part may hold " SIZE=")."""
+_SIZE_PARAMETER: Final = re.compile(rb"(?i)([ \t]SIZE=)([0-9]{1,19})(?=[ \t\r\n])")
+_SIZE_OFFERED: Final = re.compile(rb"(?i)250[ -]SIZE[ \t]+([0-9]{1,19})[ \t]*\r?")
+"""The SIZE line of the node's EHLO reply (RFC 1870 4): its limit."""
 
 _CHUNK_RECEIVED: Final = re.compile(rb"(250[ -]2\.0\.0 )([0-9]{1,19})( octets received\r?)")
 """The node's answer to a BDAT chunk (`pigeon.smtp.replies.chunk_received`)."""
