@@ -208,8 +208,66 @@ def envelope_sender(value: str) -> str:
 
 
 def _split_list(word: str) -> list[str]:
-    """A recipient argument may be a list ("a@x, b@y"), as sendmail takes it."""
-    return [address for _, address in email.utils.getaddresses([word]) if address]
+    """The addresses of a recipient argument, read as Postfix's sendmail reads one (an address
+    list): "a@x, b@y" is two; of "Name <a@x>" or "a@x (comment)" the address; a source route
+    ("@relay:a@x", "<@r1,@r2:a@x>", RFC 5321 4.1.2 and C) is dropped, as Postfix drops it.
+    What is no address is refused naming it (UsageError): sent as it was, the node would get
+    a part of it ("a@b@x" gave RCPT TO:<@x>), or refuse it with a reply that names no argument."""
+    addresses: list[str] = []
+    for piece in _pieces(word):
+        text = piece.strip()
+        if not text:
+            continue  # ("a@x," or "a@x,,b@y": as Postfix, nothing between commas is nothing)
+        address = text
+        if text.endswith(">") and "<" in text:  # (a display name before it is no part of it)
+            address = text[text.rindex("<") + 1 : -1].strip()
+        if address.startswith("@") and ":" in address:
+            address = address.split(":", 1)[1].strip()
+        if not address or check(address if "@" in address else f"{address}@example.org") is not None:
+            shown_piece = "" if text == word.strip() else f": {shown(text)!r} is not an address"
+            raise UsageError(
+                f"recipient '{shown(word)}'{shown_piece or ' is not an address'} (give user@example.org,"
+                " Name <user@example.org>, or several separated by commas)"
+            )
+        addresses.append(address)
+    return addresses
+
+
+def _pieces(word: str) -> list[str]:
+    """`word` split at its commas that separate addresses (not those in a quoted string, in
+    angle brackets (a source route's) or in a comment), its comments made a space."""
+    pieces: list[str] = []
+    current: list[str] = []
+    quoted = escaped = False
+    depth = 0  # of comments
+    angle = False
+    for char in word:
+        if escaped:
+            escaped = False
+            if not depth:
+                current.append(char)
+        elif char == "\\" and (quoted or depth):
+            escaped = True
+            if not depth:
+                current.append(char)
+        elif depth:
+            depth += {"(": 1, ")": -1}.get(char, 0)
+            if not depth:
+                current.append(" ")
+        elif quoted:
+            quoted = char != '"'
+            current.append(char)
+        elif char == "(":
+            depth = 1
+        elif char == "," and not angle:
+            pieces.append("".join(current))
+            current = []
+        else:
+            quoted = char == '"'
+            angle = (angle or char == "<") and char != ">"
+            current.append(char)
+    pieces.append("".join(current))
+    return pieces
 
 
 @dataclass
@@ -483,46 +541,126 @@ def _status_of(code: int, text: bytes, permanent: int) -> int:
     return NOPERM if text.startswith(b"5.7.") else permanent
 
 
-def submit(node: Node, sender: str, recipients: list[str], options: Options, data: bytes) -> list[str]:
-    """Send the message in one SMTP transaction; the recipients refused for good (with their
-    replies). Raises `Refused` when nothing was sent, or it is not known whether it was; when
-    one recipient is refused for now (4xx) nothing is sent, so that the caller's retry sends
-    it to no one twice."""
+def submit(node: Node, sender: str, recipients: list[str], options: Options, data: bytes, own: int = 0) -> list[str]:
+    """Send the message; the recipients refused for good (with their replies). Raises `Refused`
+    when nothing was sent, or it is not known whether it was; when one recipient is refused for
+    now (4xx) nothing is sent, so that the caller's retry sends it to no one twice.
+
+    It goes in one SMTP transaction, or, when the node takes fewer recipients in one (`452
+    4.5.3`, `[smtp] max_recipients`), in as many as it needs, as RFC 5321 4.5.3.1.10 asks: each
+    on a connection of its own, every envelope taken before any message is sent, so that a 4xx
+    in the last one still leaves nothing sent. `own`: the octets at the start of `data` that
+    this command wrote (its Received field). The node counts them against `[smtp]
+    max_message_size`, as Postfix counts what its sendmail adds, so SIZE= declares them too: a
+    message the node will refuse is refused at MAIL, before its content is sent, and the error
+    says that they were counted (`size_refused`)."""
     where = f"[{node.host}]:{node.port}" if ":" in node.host else f"{node.host}:{node.port}"
+    clients: list[smtplib.SMTP] = []
+    sent: list[str] = []
+    try:
+        return _submit(node, where, clients, sender, recipients, options, data, own, sent)
+    except Refused as error:
+        if not sent:
+            raise
+        # (An earlier transaction's message was taken: say to whom, so that it is not sent
+        # to them again.)
+        unsent = [r for r in recipients if r not in sent]
+        raise Refused(
+            error.status,
+            f"{error.reason}; sent to {_named(sent)}, not to {_named(unsent)} (send it again to those only)",
+        ) from None
+    finally:
+        for client in clients:
+            if client.sock is not None:
+                with contextlib.suppress(smtplib.SMTPException, OSError):
+                    client.quit()
+            client.close()
+
+
+def _named(addresses: list[str]) -> str:
+    return ", ".join(f"<{shown(address)}>" for address in addresses)
+
+
+def _submit(
+    node: Node,
+    where: str,
+    clients: list[smtplib.SMTP],
+    sender: str,
+    recipients: list[str],
+    options: Options,
+    data: bytes,
+    own: int,
+    sent: list[str],
+) -> list[str]:
+    transactions: list[tuple[smtplib.SMTP, list[str]]] = []
+    refused: list[str] = []
+    later: list[str] = []
+    left = recipients
+    try:
+        while left and not later:
+            client = _connected(node, where, options)
+            clients.append(client)
+            accepted, left = _envelope(client, sender, left, options, data, own, refused, later)
+            transactions.append((client, accepted))
+        if later:
+            raise Refused(TEMPFAIL, "; ".join(later + refused) + ": nothing sent, try again later")
+        if not any(accepted for _, accepted in transactions):
+            raise Refused(NOUSER, "; ".join(refused) + ": nothing sent")
+        for client, accepted in transactions:
+            if accepted:
+                _message(client, data, own)
+                sent += accepted
+        return refused
+    except smtplib.SMTPServerDisconnected as error:  # (before the message went: `_message`)
+        raise Refused(TEMPFAIL, f"the Pigeon node at {where} closed the connection ({error})") from None
+    except OSError as error:
+        raise Refused(TEMPFAIL, f"the connection to the Pigeon node at {where} failed ({_why(error)})") from None
+
+
+def _connected(node: Node, where: str, options: Options) -> smtplib.SMTP:
+    """A connection to the node, greeted and past EHLO."""
     # (Not `with`: its QUIT raises on a reply other than 221, which would hide why it failed.)
     client = smtplib.SMTP(timeout=TIMEOUT, local_hostname=node.domain or "localhost")
     client.set_debuglevel(1 if options.verbose else 0)
     try:
-        try:
-            code, text = client.connect(node.host, node.port)
-        except OSError as error:
-            raise Refused(
-                TEMPFAIL, f"cannot reach the Pigeon node at {where} ({_why(error)}): nothing sent, try again later"
-            ) from None
-        if code != 220:
-            raise Refused(TEMPFAIL if code < 500 else UNAVAILABLE, f"{where} greeted with {_reply(code, text)}")
-        code, text = client.ehlo()
-        if code != 250:
-            raise Refused(TEMPFAIL if code < 500 else UNAVAILABLE, f"{where} answered EHLO {_reply(code, text)}")
-        return _transaction(client, sender, recipients, options, data)
-    except Refused:
-        raise
-    except smtplib.SMTPServerDisconnected as error:  # (before the message went: `_transaction`)
-        raise Refused(TEMPFAIL, f"the Pigeon node at {where} closed the connection ({error})") from None
+        code, text = client.connect(node.host, node.port)
     except OSError as error:
-        raise Refused(TEMPFAIL, f"the connection to the Pigeon node at {where} failed ({_why(error)})") from None
-    finally:
-        if client.sock is not None:
-            with contextlib.suppress(smtplib.SMTPException, OSError):
-                client.quit()
         client.close()
+        raise Refused(
+            TEMPFAIL, f"cannot reach the Pigeon node at {where} ({_why(error)}): nothing sent, try again later"
+        ) from None
+    if code != 220:
+        client.close()
+        raise Refused(TEMPFAIL if code < 500 else UNAVAILABLE, f"{where} greeted with {_reply(code, text)}")
+    code, text = client.ehlo()
+    if code != 250:
+        client.close()
+        raise Refused(TEMPFAIL if code < 500 else UNAVAILABLE, f"{where} answered EHLO {_reply(code, text)}")
+    return client
 
 
 def _why(error: OSError) -> str:
     return error.strerror or str(error) or type(error).__name__
 
 
-def _transaction(client: smtplib.SMTP, sender: str, recipients: list[str], options: Options, data: bytes) -> list[str]:
+def _too_many(code: int, text: bytes) -> bool:
+    """A RCPT's reply that says the transaction has all the recipients it takes (RFC 5321
+    4.5.3.1.10): the rest go in another."""
+    return code == 452 and text.startswith(b"4.5.3")
+
+
+def _envelope(
+    client: smtplib.SMTP,
+    sender: str,
+    recipients: list[str],
+    options: Options,
+    data: bytes,
+    own: int,
+    refused: list[str],
+    later: list[str],
+) -> tuple[list[str], list[str]]:
+    """MAIL and RCPTs of one transaction: the recipients taken, and those left for another
+    (after a `452 4.5.3`). Those refused go in `refused` (for good) and `later` (for now)."""
     unicode = not (sender + "".join(recipients)).isascii() or not data.split(b"\r\n\r\n", 1)[0].isascii()
     mail = [f"SIZE={len(data)}"] if client.has_extn("size") else []
     if not data.isascii() and client.has_extn("8bitmime"):
@@ -539,22 +677,47 @@ def _transaction(client: smtplib.SMTP, sender: str, recipients: list[str], optio
         mail.append(f"ENVID={_xtext(options.envid)}")
     code, text = client.docmd("MAIL", f"FROM:<{sender}>{''.join(' ' + m for m in mail)}")
     if code != 250:
+        if _too_big(code, text):  # (SIZE=: the sender is not the matter)
+            raise Refused(_status_of(code, text, DATAERR), _refused_for_size(client, len(data), own, code, text))
         raise Refused(_status_of(code, text, DATAERR), f"sender <{shown(sender)}> refused: {_reply(code, text)}")
     rcpt = f" NOTIFY={options.notify}" if dsn and options.notify else ""
     accepted: list[str] = []
-    refused: list[str] = []
-    later: list[str] = []
-    for recipient in recipients:
+    for index, recipient in enumerate(recipients):
         code, text = client.docmd("RCPT", f"TO:<{recipient}>{rcpt}")
         if code in (250, 251):
             accepted.append(recipient)
+        elif _too_many(code, text) and accepted:
+            return accepted, recipients[index:]
         else:
             (later if 400 <= code < 500 else refused).append(f"<{shown(recipient)}>: {_reply(code, text)}")
-    if later:
-        client.rset()
-        raise Refused(TEMPFAIL, "; ".join(later + refused) + ": nothing sent, try again later")
-    if not accepted:
-        raise Refused(NOUSER, "; ".join(refused) + ": nothing sent")
+    return accepted, []
+
+
+def _too_big(code: int, text: bytes) -> bool:
+    """A reply that refuses the message for its size (RFC 1870 6, RFC 3463 X.3.4)."""
+    return code == 552 or text.startswith((b"5.3.4", b"4.3.4"))
+
+
+def size_refused(submitted: int, own: int, limit: int | None) -> str:
+    """Why a message was refused for its size, for the one who sent it through this command:
+    the size it went in with, the node's limit, and that the limit counts the Received field
+    this command puts first (`own` octets), as Postfix counts what its sendmail adds. Without
+    that a message the caller measured at the limit seems refused for nothing."""
+    over = f"over the node's limit of {limit} octets" if limit else "over the node's limit"
+    return (
+        f"{submitted} octets as submitted, {over} ([smtp] max_message_size), which counts the Received"
+        f" field sendmail puts first ({own} octets), as Postfix counts its sendmail's"
+    )
+
+
+def _refused_for_size(client: smtplib.SMTP, submitted: int, own: int, code: int, text: bytes) -> str:
+    offered = client.esmtp_features.get("size", "")
+    limit = int(offered) if offered.isdigit() and int(offered) > 0 else None  # (SIZE 0: no limit given)
+    return f"the message refused for its size: {size_refused(submitted, own, limit)}: {_reply(code, text)}"
+
+
+def _message(client: smtplib.SMTP, data: bytes, own: int) -> None:
+    """DATA, the message, and the node's answer to it."""
     client.putcmd("data")
     code, text = client.getreply()
     if code != 354:
@@ -570,8 +733,9 @@ def _transaction(client: smtplib.SMTP, sender: str, recipients: list[str], optio
             " been accepted (sending it again may deliver it twice; the node's Reception records say)",
         ) from None
     if code != 250:
-        raise Refused(_status_of(code, text, DATAERR), f"message refused: {_reply(code, text)}")
-    return refused
+        if _too_big(code, text):  # (a node that offers no SIZE, or one that counts more)
+            raise Refused(_status_of(code, text, DATAERR), _refused_for_size(client, len(data), own, code, text))
+        raise Refused(_status_of(code, text, DATAERR), f"the message refused: {_reply(code, text)}")
 
 
 def _xtext(text: str) -> str:
@@ -635,8 +799,9 @@ def _run(argv: Sequence[str]) -> int:
         raise UsageError("no recipients: the message has no To, Cc or Bcc address")
     complete(message, sender or _qualified(user.pw_name, node.domain), _full_name(options, user), node.domain)
     qualify_fields(message, node.domain)
-    message.fields.insert(0, trace_field(node.domain, user.pw_uid))
-    refused = submit(node, sender, recipients, options, message.content(node.max_line))
+    # Its Received field first, as folded as any field (counted by the node: `submit`).
+    trace = Message([trace_field(node.domain, user.pw_uid)], b"").content(node.max_line)[:-2]
+    refused = submit(node, sender, recipients, options, trace + message.content(node.max_line), len(trace))
     if refused:
         print(f"sendmail: {'; '.join(refused)}: sent to the other recipients", file=sys.stderr)
         return NOUSER
@@ -657,13 +822,22 @@ class SmtpRelay:
     the node answers, and this passes the bytes between them, reading just enough of them to
     put the Received field that names the user (`trace_field`) before each message's content:
     after the 354 that answers DATA, or with the first BDAT chunk of a transaction (its size
-    grown by the field's). After STARTTLS it passes bytes only (nothing to read then).
-    Sans-IO: `client` and `server` take what each side sent and return what goes to the node."""
+    grown by the field's, and the node's "N octets received" for the transaction's chunks told
+    the caller without them: its own octets). The node counts the field against `[smtp]
+    max_message_size`, as Postfix counts what its sendmail adds, so a MAIL's SIZE= is grown by
+    it too, and a refusal for size (`5.3.4`, at MAIL or at the content's end) says so
+    (`size_refused`). After STARTTLS it passes bytes only (nothing to read then). Sans-IO:
+    `client` and `server` take what each side sent and return what goes on."""
 
     def __init__(self, trace: bytes) -> None:
         self.trace = trace
         self.held = b""  # the caller's bytes not passed on yet
         self.replies_due = 1  # the greeting's
+        self.added: list[int] = [0]  # for each reply due, the octets of ours its count holds
+        self.sizes: list[int] = [0]  # for each reply due, the message's octets it answers (0: none)
+        self.chunks_added = 0  # octets of ours in the open transaction's BDAT chunks
+        self.content = 0  # octets of the open transaction's message passed on so far, ours too
+        self.limit: int | None = None  # the node's SIZE (its EHLO reply), 0 taken as no limit
         self.reply_text = b""  # the node's unfinished reply line
         self.last_code = b""
         self.waiting_on = b""  # DATA or STARTTLS: the caller's bytes wait for its reply
@@ -677,17 +851,39 @@ class SmtpRelay:
         self.held += data
         return self._forward()
 
-    def server(self, data: bytes) -> bytes:
-        """The node sent `data` (passed to the caller as it is): the caller's bytes it lets go."""
+    def server(self, data: bytes) -> tuple[bytes, bytes]:
+        """The node sent `data`: what goes to the caller (its whole lines), and the caller's
+        bytes it lets go to the node."""
         if self.raw:
-            return b""
+            return data, b""
         self.reply_text += data
+        lines: list[bytes] = []
         while b"\n" in self.reply_text:
             line, self.reply_text = self.reply_text.split(b"\n", 1)
+            if (offer := _SIZE_OFFERED.fullmatch(line)) is not None:
+                self.limit = int(offer[1]) or None
             if line[3:4] != b"-":  # the last line of a reply
                 self.replies_due -= 1
                 self.last_code = line[:3]
-        return self._forward()
+                added = self.added.pop(0) if self.added else 0
+                size = self.sizes.pop(0) if self.sizes else 0
+                if added and (count := _CHUNK_RECEIVED.fullmatch(line)) is not None:
+                    line = b"%s%d%s" % (count[1], int(count[2]) - added, count[3])
+                elif size and line[4:9] in (b"5.3.4", b"4.3.4"):
+                    why = size_refused(size, len(self.trace), self.limit).encode()
+                    end = b"\r" if line.endswith(b"\r") else b""
+                    line = line.removesuffix(b"\r") + b" (" + why + b")" + end
+            lines.append(line + b"\n")
+        to_node = self._forward()
+        if self.raw:  # (after STARTTLS's 220: nothing is read any more)
+            lines.append(self.reply_text)
+            self.reply_text = b""
+        return b"".join(lines), to_node
+
+    def _due(self, added: int = 0, size: int = 0) -> None:
+        self.replies_due += 1
+        self.added.append(added)
+        self.sizes.append(size)
 
     def _forward(self) -> bytes:
         out: list[bytes] = []
@@ -699,6 +895,7 @@ class SmtpRelay:
                     self.in_data = True
                     if self.new_content:
                         out.append(self.trace)
+                        self.content += len(self.trace)
                         self.new_content = False
                 self.raw = self.waiting_on == b"STARTTLS" and self.last_code == b"220"
                 self.waiting_on = b""
@@ -716,16 +913,25 @@ class SmtpRelay:
             line, self.held = self.held[: end + 1], self.held[end + 1 :]
             if self.in_data:
                 self.in_data = line.rstrip(b"\r\n") != b"."
-                self.replies_due += not self.in_data
+                if self.in_data:
+                    self.content += len(line) - line.startswith(b".")  # (the node unstuffs a dot)
+                else:
+                    self._due(size=self.content)
+                    self.content = 0
                 out.append(line)
                 continue
-            self.replies_due += 1
             words = line.split()
             verb = words[0].upper() if words else b""
+            size = 0  # (the message's octets that the reply to this line answers for)
             if verb == b"MAIL":
                 self.new_content = True
+                self.chunks_added = 0
+                self.content = 0
+                line, size = self._mail_size_grown(line)
             elif verb in (b"RSET", b"EHLO", b"HELO"):
                 self.new_content = False
+                self.chunks_added = 0
+                self.content = 0
             elif verb in (b"DATA", b"STARTTLS"):
                 self.waiting_on = verb
             elif verb == b"BDAT" and len(words) > 1 and words[1].isdigit():
@@ -734,11 +940,40 @@ class SmtpRelay:
                     line = b" ".join([b"BDAT", b"%d" % (self.chunk_left + len(self.trace)), *words[2:]]) + b"\r\n"
                     line += self.trace
                     self.new_content = False
+                    self.chunks_added = len(self.trace)
+                    self.content += len(self.trace)
+                self.content += self.chunk_left
+                size = self.content
+                if len(words) > 2 and words[2].upper() == b"LAST":
+                    self.content = 0
+            self._due(self.chunks_added if verb == b"BDAT" else 0, size)
             out.append(line)
         if self.raw:
             out.append(self.held)
             self.held = b""
         return b"".join(out)
+
+    def _mail_size_grown(self, line: bytes) -> tuple[bytes, int]:
+        """A MAIL line with its SIZE= (RFC 1870) grown by the Received field this puts before
+        the content, so that it declares the message as it will go; and that size (0: none)."""
+        path = _MAIL_PATH.match(line)
+        if path is None:
+            return line, 0  # (the node answers it)
+        size = _SIZE_PARAMETER.search(line, path.end())
+        if size is None:
+            return line, 0
+        grown = int(size[2]) + len(self.trace)
+        return line[: size.start(2)] + b"%d" % grown + line[size.end(2) :], grown
+
+
+_MAIL_PATH: Final = re.compile(rb'(?i)MAIL[ \t]+FROM:[ \t]*(?:<(?:"(?:[^"\\]|\\.)*"|[^">])*>|[^ \t\r\n]*)')
+"""A MAIL line up to the end of its reverse-path (a quoted local part may hold " SIZE=")."""
+_SIZE_PARAMETER: Final = re.compile(rb"(?i)([ \t]SIZE=)([0-9]{1,19})(?=[ \t\r\n])")
+_SIZE_OFFERED: Final = re.compile(rb"(?i)250[ -]SIZE[ \t]+([0-9]{1,19})[ \t]*\r?")
+"""The SIZE line of the node's EHLO reply (RFC 1870 4): its limit."""
+
+_CHUNK_RECEIVED: Final = re.compile(rb"(250[ -]2\.0\.0 )([0-9]{1,19})( octets received\r?)")
+"""The node's answer to a BDAT chunk (`pigeon.smtp.replies.chunk_received`)."""
 
 
 def relay_smtp(node: Node, trace: bytes) -> int:
@@ -760,11 +995,13 @@ def relay_smtp(node: Node, trace: bytes) -> int:
                 if connection in ready:
                     data = connection.recv(65536)
                     if not data:
+                        os.write(stdout, relay.reply_text)  # (a last line without its end)
                         return OK  # (what became of each message, the caller heard from the node)
-                    view = memoryview(data)
+                    to_caller, to_node = relay.server(data)
+                    view = memoryview(to_caller)
                     while view:
                         view = view[os.write(stdout, view) :]
-                    if to_node := relay.server(data):
+                    if to_node:
                         connection.sendall(to_node)
                 if reading and stdin in ready:
                     data = os.read(stdin, 65536)
