@@ -15,6 +15,8 @@ from __future__ import annotations
 import base64
 import signal
 import ssl
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -258,3 +260,40 @@ def test_a_reload_that_reserves_a_route_bounces_the_mail_waiting_for_it(
         # New mail of acme's is refused where it arrives.
         status, answer = _inject(node, ACME_TOKEN, ["anyone@globex-relay.test"])
         assert (status, answer["accepted"]) == (422, 0), answer
+
+
+def test_an_unreserved_route_with_a_reserved_routes_account_is_warned_about_by_check_and_at_start(
+    tmp_path: Path, sinks: tuple[ScriptedSink, ScriptedSink]
+) -> None:
+    """Found from outside: a second, unreserved `[[route]]` with globex's next hop, user and
+    password file passed `serve --check` without a word, and any tenant's mail for its domain
+    then went out through globex's account."""
+    ordinary, relay = sinks
+    config = _config(tmp_path, ordinary, relay)
+    shared = {k: v for k, v in config["route"][0].items() if k != "tenants"}
+    config["route"].insert(2, shared | {"domain": "other-relay.test"})
+    node = PigeonProcess(tmp_path / "node", **config)
+    warning = (
+        f"[[route]] #3 (domain 'other-relay.test') logs in to 127.0.0.1:{relay.port} as 'globex' as #1 (domain "
+        "'globex-relay.test') does, and they are not reserved alike (#1: tenant globex's alone; #3: any tenant's "
+        "mail, or none's): by either, its tenants' mail goes out through that one account; give them the same "
+        "tenants, or each an account of its own"
+    )
+    checked = subprocess.run(
+        [sys.executable, "-m", "pigeon", "serve", "--check", "-c", str(node.config_path)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stderr
+    assert f"pigeon: warning: {warning}\n" in checked.stderr, checked.stderr
+    assert checked.stderr.count("logs in to") == 1, checked.stderr  # #2 is reserved alike: no word of it
+    with node:
+        node.wait_stderr(warning)
+    # Reserved alike, not a word.
+    config["route"][2]["tenants"] = ["globex"]
+    alike = tmp_path / "alike.toml"
+    alike.write_text(to_toml({**node.config, "route": config["route"]}))
+    checked = subprocess.run(
+        [sys.executable, "-m", "pigeon", "serve", "--check", "-c", str(alike)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert checked.returncode == 0 and "logs in to" not in checked.stderr, checked.stderr

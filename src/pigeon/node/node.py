@@ -62,7 +62,7 @@ from pigeon.node.standing import decode as decode_standing
 from pigeon.policy.hooks import Policy, PolicyLoadError, PolicyModule
 from pigeon.queue.admin import Admin
 from pigeon.queue.policy import InboundFailures
-from pigeon.route_tenants import RouteTenants
+from pigeon.route_tenants import RouteTenants, shared_account_warnings
 from pigeon.shaping.effects import Board
 from pigeon.shaping.reactions import ReactionError
 from pigeon.shaping.rules import SETTINGS
@@ -196,6 +196,8 @@ class Node:
             _warn_certificate_expiry(config)
             _warn_open_relay(config.smtp.relay_networks)
             _warn_dead_routes(config.route)
+            for warning in shared_account_warnings(config.route):
+                _log.warning("%s", warning)
             warn_unverified_smart_hosts(config)
             _warn_inbound_routes(config.inbound)
             for warning in unreachable_delay_warnings(config):  # (worker 0: every worker reads the same)
@@ -667,6 +669,8 @@ class Node:
             _warn_certificate_expiry(config)
             _warn_open_relay(config.smtp.relay_networks)
             _warn_dead_routes(config.route)
+            for warning in shared_account_warnings(config.route):
+                _log.warning("%s", warning)
             warn_unverified_smart_hosts(config)
             _warn_inbound_routes(config.inbound)
             for warning in unreachable_delay_warnings(config):  # (worker 0: every worker reads the same)
