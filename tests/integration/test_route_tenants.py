@@ -228,6 +228,7 @@ def test_a_rebind_onto_a_route_reserved_for_another_tenant_leaves_that_mail_in_p
         assert (status, rebound["rebound"], rebound["reserved_left"]) == (200, 1, 1), rebound
         (received,) = relay.wait_for(1)  # globex's went by its route
         assert (received.auth_user, received.recipients) == ("globex", ["wait-g@example.net"])
+        node.wait_records("Delivery", 1)  # (globex's gone from the spool: written once the relay took it)
         assert node.records("Bounce") == []
         # Acme's waits where it was, for its own next hop.
         (waiting,) = [m["envelope"] for m in node.spool_messages()]
