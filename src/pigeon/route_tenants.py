@@ -87,6 +87,51 @@ class RouteTenants:
         return reserved_reply(domain, tenants, routed=routed)
 
 
+def shared_account_warnings(routes: Sequence[RouteConfig]) -> list[str]:
+    """A warning for each `[[route]]` that logs in to the smart host of an earlier one with the
+    same account (`next_hop` and `auth_username`) where either is reserved (`tenants`) and they
+    are not reserved alike: the mail of tenants the reserved one is not for goes out through
+    its customer's account all the same, by the other (found from outside: a second, unreserved
+    route for another domain with globex's next hop and user passed `serve --check` without a
+    word). Said, not refused: an operator may mean it (an account shared on purpose)."""
+    warnings = []
+    for later, route in enumerate(routes):
+        account = _account(route)
+        if account is None:
+            continue
+        for earlier, first in enumerate(routes[:later]):
+            if _account(first) != account or _tenant_set(first) == _tenant_set(route):
+                continue
+            host, port, username = account
+            warnings.append(
+                f"[[route]] #{later + 1} (domain {route.domain!r}) logs in to {host}:{port} as {username!r} as "
+                f"#{earlier + 1} (domain {first.domain!r}) does, and they are not reserved alike (#{earlier + 1}: "
+                f"{_whose(first)}; #{later + 1}: {_whose(route)}): by either, its tenants' mail goes out through "
+                "that one account; give them the same tenants, or each an account of its own"
+            )
+            break
+    return warnings
+
+
+def _account(route: RouteConfig) -> tuple[str, int, str] | None:
+    """The smart host account a route logs in with: its next hop and user (None: it logs in to none)."""
+    if route.next_hop is None or route.auth_username is None:
+        return None
+    return route.next_hop.host.lower(), route.next_hop.port, route.auth_username
+
+
+def _tenant_set(route: RouteConfig) -> frozenset[str] | None:
+    return frozenset(route.tenants) if route.tenants is not None else None
+
+
+def _whose(route: RouteConfig) -> str:
+    """Whose mail a route carries, as a warning says it."""
+    if route.tenants is None:
+        return "any tenant's mail, or none's"
+    names = sorted(route.tenants)
+    return f"tenant {names[0]}'s alone" if len(names) == 1 else f"tenants {', '.join(names)}'s alone"
+
+
 def reserved_reply(domain: str, tenants: Collection[str | None], *, routed: bool = False) -> Reply:
     """The refusal (and at delivery the bounce) of mail of `tenants` whose route, that of
     `domain`, is reserved for other tenants: it names the mail's own tenant(s), not theirs."""

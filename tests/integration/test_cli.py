@@ -6,6 +6,7 @@ import json
 import os
 import re
 import smtplib
+import socket
 import subprocess
 import sys
 import time
@@ -485,3 +486,25 @@ def test_queue_summary_names_who_suspended_a_queue_and_a_bad_duration_exits_2(tm
             refused = pigeon_cli(command, *config, option, value)
             assert (refused.returncode, refused.stdout) == (2, ""), (command, refused.stdout, refused.stderr)
             assert refused.stderr.startswith("pigeon: 400: ") and refused.stderr.rstrip().endswith(says), refused.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "says"), [("", "a node's name is needed, not ''"), ("mx 3", "'mx 3' is no node's name")]
+)
+def test_cluster_forget_of_no_node_name_is_a_usage_error_before_any_request(name: str, says: str) -> None:
+    """Found from outside: `pigeon cluster forget ''` asked for /api/v1/cluster/nodes/ and said
+    `404: no endpoint at /api/v1/cluster/nodes/; ...`, naming no mistake of the command line's."""
+    with socket.socket() as listener:  # where the request would go: nothing may connect
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.settimeout(0.2)
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        command = [sys.executable, "-m", "pigeon", "cluster", "forget", name, "--url", url, "--token", "t" * 20]
+        # (A request would wait for an answer that never comes: 10 s tell it.)
+        refused = subprocess.run(command, capture_output=True, text=True, timeout=10)
+        with pytest.raises(TimeoutError):
+            listener.accept()
+    assert (refused.returncode, refused.stdout) == (2, ""), refused
+    assert refused.stderr.splitlines()[0].startswith("usage: pigeon cluster forget "), refused.stderr
+    assert f"pigeon cluster forget: error: argument NODE: {says}" in refused.stderr, refused.stderr
+    assert "404" not in refused.stderr, refused.stderr

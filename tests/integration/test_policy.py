@@ -4,6 +4,7 @@ policy module written by each test. Every hook point, hooks that fail, hang, or 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import smtplib
 import subprocess
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.attacks import worker_pids
 from tests.support.process import PigeonProcess
 from tests.support.rawsmtp import RawSmtp
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
@@ -835,6 +837,46 @@ def test_misspelt_hook_names_are_warned_about_once_at_start_and_once_at_a_reload
             pigeon.wait_stderr("reloaded:", workers)  # every worker has started, and reloaded
             for warning in warnings:
                 assert pigeon.stderr().count(warning) == 2, pigeon.stderr()
+
+
+def test_a_policy_section_added_at_a_reload_is_in_force_at_once_and_in_a_worker_started_again(
+    tmp_path: Path,
+) -> None:
+    """Found from outside: `[policy] module = "pol.py"` added and a SIGHUP logged `reload: [policy]
+    changed; it takes effect at the next restart (the module is reloaded)`, and no hook ran until
+    a restart, where an edit of the module's code was in force at once."""
+    refusing = "from pigeon.policy import Refuse\ndef on_mail_from(mail):\n    return Refuse(550, 'pol')\n"
+    _policy(tmp_path / "node", refusing)
+    with PigeonProcess(tmp_path / "node", node={"workers": 2}) as pigeon:  # (both workers: each reloads)
+        assert pigeon.process is not None
+        text = pigeon.config_path.read_text()
+        pigeon.config_path.write_text(text + '\n[policy]\nmodule = "policy.py"\ntimeout = "3s"\n')
+        _hangup(pigeon, "reloaded:")
+        pigeon.wait_stderr("reloaded:", 2)
+        assert _reloaded(pigeon)[-1].endswith(", policy hooks on_mail_from"), _reloaded(pigeon)
+        assert "takes effect" not in pigeon.stderr()
+        assert _mail_from_answers(pigeon) == {(550, b"5.7.1 pol")}
+        # A worker started again runs the policy the node reloaded, as the others do.
+        for pid in worker_pids(pigeon):
+            os.kill(pid, signal.SIGKILL)
+        pigeon.wait_stderr("reload: taking the configuration the node reloaded", 2, timeout=30)
+        wait_until(lambda: len(worker_pids(pigeon)) == 2 and _mail_from_answers(pigeon) == {(550, b"5.7.1 pol")})
+        assert "takes effect" not in pigeon.stderr()
+        # Taken out again: no hook runs from the reload on.
+        pigeon.config_path.write_text(text)
+        _hangup(pigeon, "reloaded:")
+        pigeon.wait_stderr("reloaded:", 4)
+        assert {code for code, _ in _mail_from_answers(pigeon)} == {250}
+
+
+def _mail_from_answers(pigeon: PigeonProcess, connections: int = 8) -> set[tuple[int, bytes]]:
+    """What MAIL FROM is answered on `connections` connections (the workers share the port)."""
+    answers = set()
+    for _ in range(connections):
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.ehlo("client.test")
+            answers.add(client.mail("a@example.org"))
+    return answers
 
 
 def _reloaded(pigeon: PigeonProcess) -> list[str]:

@@ -398,6 +398,11 @@ def _rebind(args: argparse.Namespace) -> int:
         # (a token bound to tenants: the operator's suspension or standing bounce, not named)
         text += "; {held_left:count message} left in place, held by a suspension or standing bounce this token " \
             "cannot end (`pigeon suspend --list`)"  # fmt: skip
+    if _said_by_workers(status, answer).get("reserved_left"):
+        # (moved, they would bounce at their next attempt: never sent under another tenant's account)
+        domain = args.routing_domain.replace("{", "{{").replace("}", "}}")  # (the text is a format)
+        text += f"; {{reserved_left:count message}} left in place: the [[route]] of {domain} is " \
+            "reserved for other tenants than theirs ([[route]] tenants); moved there they would bounce"  # fmt: skip
     return _show(args, status, answer, text)
 
 

@@ -51,9 +51,23 @@ def register(commands: Any) -> None:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    forget.add_argument("node", metavar="NODE", help="its [node] name (`pigeon cluster nodes`)")
+    forget.add_argument("node", metavar="NODE", type=_node_name, help="its [node] name (`pigeon cluster nodes`)")
     add_api_options(forget)
     forget.set_defaults(run=_forget)
+
+
+def _node_name(text: str) -> str:
+    """A node's name as `[node] name` allows one (not empty, no white space or control
+    characters), or a usage error before any request: found from outside, `forget ''` asked
+    for /api/v1/cluster/nodes/ and answered `404: no endpoint at ...`, which named no mistake."""
+    if not text:
+        raise argparse.ArgumentTypeError("a node's name is needed, not '' (`pigeon cluster nodes` lists them)")
+    if any(c.isspace() or not c.isprintable() for c in text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is no node's name: a [node] name has no white space or control characters "
+            "(`pigeon cluster nodes` lists them)"
+        )
+    return text
 
 
 def _nodes(args: argparse.Namespace) -> int:

@@ -221,6 +221,10 @@ def _check(args: argparse.Namespace) -> int:
 
     for warning in unverified_smart_hosts(config):  # (said at start and at each reload too)
         print(f"pigeon: warning: {warning}", file=sys.stderr)
+    from pigeon.route_tenants import shared_account_warnings
+
+    for warning in shared_account_warnings(config.route):  # (said at start and at each reload too)
+        print(f"pigeon: warning: {warning}", file=sys.stderr)
     if (untrusted := untrusted_dane_resolvers(config)) is not None:  # (said at start too)
         print(f"pigeon: warning: {untrusted}", file=sys.stderr)
     print(f"{args.config if args.config is not None else 'the defaults (no -c)'}: ok")

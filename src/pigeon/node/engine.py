@@ -181,6 +181,7 @@ def build_engine(
         down=dispatcher.queue_down,
         probe_down=dispatcher.probe_down_sites,
         pool_of=lambda message: egress_pool(message.envelope, policies.for_queue(message.queue), default_pool),
+        reserved_for=routes.reserved_for,  # (the router's routes are replaced in place at a reload)
         clock=clock,
         pause=pause,
     )

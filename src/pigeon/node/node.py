@@ -62,7 +62,7 @@ from pigeon.node.standing import decode as decode_standing
 from pigeon.policy.hooks import Policy, PolicyLoadError, PolicyModule
 from pigeon.queue.admin import Admin
 from pigeon.queue.policy import InboundFailures
-from pigeon.route_tenants import RouteTenants
+from pigeon.route_tenants import RouteTenants, shared_account_warnings
 from pigeon.shaping.effects import Board
 from pigeon.shaping.reactions import ReactionError
 from pigeon.shaping.rules import SETTINGS
@@ -196,6 +196,8 @@ class Node:
             _warn_certificate_expiry(config)
             _warn_open_relay(config.smtp.relay_networks)
             _warn_dead_routes(config.route)
+            for warning in shared_account_warnings(config.route):
+                _log.warning("%s", warning)
             warn_unverified_smart_hosts(config)
             _warn_inbound_routes(config.inbound)
             for warning in unreachable_delay_warnings(config):  # (worker 0: every worker reads the same)
@@ -473,23 +475,25 @@ class Node:
         a SIGHUP (the same warnings)."""
         _log.info("reload: taking the configuration the node reloaded before this worker started")
         try:
-            read = await _in_thread(lambda: self._read_for_reload(text), f"reload w{self.worker}")
+            # (The policy module is not imported here: `start` imports the one it names, once.)
+            read = await _in_thread(lambda: self._read_for_reload(text, policy=False), f"reload w{self.worker}")
             if self.config.delivery.enabled:
                 _routes(read.config)  # (as `_take` checks them)
         except ssl.SSLError as error:
             raise ConfigError(f"[smtp] tls_certificate: {error}") from None
-        _reloaded_into(self.config, read.config, reactions=True, shaping=True)
+        # (its [policy] too: `start` imports the module that one names)
+        _reloaded_into(self.config, read.config, reactions=True, shaping=True, policy=True)
         for key in changed_keys(self.config, read.config):
-            if not key.startswith("[policy]"):  # (the module is imported at start, as it is on disk)
-                # (Found from outside: "takes effect at the next restart", said by a worker that
-                # had just restarted, left it unclear which value that worker runs.)
-                _log.warning("reload: %s changed; this worker, started again, keeps the value the node started "
-                             "with, as the other workers do; it takes effect when the node restarts", key)  # fmt: skip
+            # (Found from outside: "takes effect at the next restart", said by a worker that
+            # had just restarted, left it unclear which value that worker runs.)
+            _log.warning("reload: %s changed; this worker, started again, keeps the value the node started "
+                         "with, as the other workers do; it takes effect when the node restarts", key)  # fmt: skip
 
     def reload(self) -> None:
         """SIGHUP: read the config file again and take its TLS certificate, SMTP users,
         routes, DKIM signers (their keys read again), shaping limits and reaction rules, and
-        import the policy module again.
+        import the policy module again: the one `[policy]` names now, under its timeout and
+        sync now (a section added, changed or removed too).
         New connections see the new ones; open ones keep what they have, but for the SMTP users
         and `relay_networks`: a session authenticated as a user removed or given another
         password, or from a network taken out, loses that authorization at once
@@ -577,10 +581,11 @@ class Node:
             self._reload_asked = False
             self.reload()
 
-    def _read_for_reload(self, text: str | None = None) -> _Reading:
+    def _read_for_reload(self, text: str | None = None, *, policy: bool = True) -> _Reading:
         """In a thread: every file a reload takes, read and checked (and the policy module
-        imported), touching nothing the loop uses. `self._step` says what it is doing.
-        `text`: the config file's text to take instead of reading the file (`__init__`)."""
+        `[policy]` names now imported, unless not `policy`), touching nothing the loop uses.
+        `self._step` says what it is doing. `text`: the config file's text to take instead
+        of reading the file (`__init__`)."""
         self._step = "reading the configuration file"
         if text is not None and self.config_path is not None:
             config = load_text(text, self.config_path)
@@ -594,13 +599,15 @@ class Node:
         self._step = "reading the [[dkim]] keys"
         # (DKIM's modules are loaded only once there are signers, maybe by this reload.)
         signers = _signers(config.dkim) if config.dkim or self.signing is not None else None
-        self._step = f"importing the policy module {self.policy.spec}"
-        try:
-            policy: PolicyModule | PolicyLoadError | None = self.policy.prepare(warn=self.worker == 0)
-        except PolicyLoadError as error:
-            policy = error
+        prepared: PolicyModule | PolicyLoadError | None = None
+        if policy:
+            self._step = f"importing the policy module {config.policy.module}"
+            try:
+                prepared = self.policy.prepare(warn=self.worker == 0, config=config.policy)
+            except PolicyLoadError as error:
+                prepared = error
         self._step = "done reading"
-        return _Reading(config, tls_context, passwords, signers, policy)
+        return _Reading(config, tls_context, passwords, signers, prepared)
 
     def _take(self, read: _Reading) -> None:
         """On the loop: what a reload read, in force from now on (or, if some of it cannot be
@@ -614,11 +621,12 @@ class Node:
             _log.error("reload failed; the running configuration stays: %s", error)
             self._reload_problem = f"the last reload failed, the configuration before it runs: {error}"
             return
-        if config.policy != self.config.policy:
-            _log.warning("reload: [policy] changed; it takes effect at the next restart (the module is reloaded)")
         assert self.smtp is not None  # started before any reload
+        assert read.policy is not None  # (a reload's reading imports it)
+        policy_taken = not isinstance(read.policy, PolicyLoadError)
         if isinstance(read.policy, PolicyLoadError):
             # (with the traceback, if it raised: where in the module, and how it got there)
+            # The whole [policy] stays: its timeout and sync were for the module that runs.
             _log.error("reload: the policy module stays as it was: %s", read.policy, exc_info=read.policy.__cause__)
             hooks, kept = self.policy.defined(), " (the module as it was)"  # the summary names what runs
             self._reload_problem = f"the last reload kept the policy module as it was: {read.policy}"
@@ -651,7 +659,7 @@ class Node:
             assert signers is not None  # read above whenever there is a signing
             self.signing.keys = signers
         running = self.config
-        _reloaded_into(running, config, reactions=reactions_taken, shaping=shaping_taken)
+        _reloaded_into(running, config, reactions=reactions_taken, shaping=shaping_taken, policy=policy_taken)
         # Narrowed at once: an open relay found, or a network no longer trusted, must not wait
         # for a restart (nor widen then on one worker restarted before the others).
         self.smtp.set_relay_networks([network.network for network in smtp.relay_networks])
@@ -661,6 +669,8 @@ class Node:
             _warn_certificate_expiry(config)
             _warn_open_relay(config.smtp.relay_networks)
             _warn_dead_routes(config.route)
+            for warning in shared_account_warnings(config.route):
+                _log.warning("%s", warning)
             warn_unverified_smart_hosts(config)
             _warn_inbound_routes(config.inbound)
             for warning in unreachable_delay_warnings(config):  # (worker 0: every worker reads the same)
@@ -669,7 +679,7 @@ class Node:
             self._exposure.warn_files(config, self.config_path)
         for key in changed_keys(running, config):
             if key.startswith("[policy]"):
-                continue  # said above
+                continue  # its module could not be imported: said above, and the old one runs
             if key == "[[queue]]" and self.outbound is not None:
                 _log.warning("reload: [[queue]] changed; its max_message_rates are in force, the rest takes effect "
                              "at the next restart")  # fmt: skip
@@ -917,7 +927,7 @@ class _Reading:
     tls_context: ssl.SSLContext | None
     passwords: PasswordFile | None
     signers: Signers | None
-    policy: PolicyModule | PolicyLoadError | None  # None: no policy module
+    policy: PolicyModule | PolicyLoadError | None  # None: not imported (`_take_handed`: `start` imports it)
 
 
 def _in_thread(function: Callable[[], T], name: str) -> asyncio.Future[T]:
@@ -974,9 +984,10 @@ _RELOADED_SMTP_KEYS = ("starttls", "tls_certificate", "tls_private_key", "auth_u
 _RELOADED_SHAPING_KEYS = (*SETTINGS, "connection_failures_before_delay")
 
 
-def _reloaded_into(running: Config, loaded: Config, *, reactions: bool, shaping: bool) -> None:
+def _reloaded_into(running: Config, loaded: Config, *, reactions: bool, shaping: bool, policy: bool) -> None:
     """Put into `running` what a reload takes of `loaded` (the reaction and shaping rules
-    only if taken: `reactions`, `shaping`); the rest waits for a restart (`changed_keys`)."""
+    and `[policy]` only if taken: `reactions`, `shaping`, `policy`); the rest waits for a
+    restart (`changed_keys`)."""
     for key in _RELOADED_SMTP_KEYS:
         setattr(running.smtp, key, getattr(loaded.smtp, key))
     running.http.token, running.http.local_token = loaded.http.token, loaded.http.local_token
@@ -990,6 +1001,8 @@ def _reloaded_into(running: Config, loaded: Config, *, reactions: bool, shaping:
     if reactions:
         running.reaction = loaded.reaction
         running.delivery.default_reactions = loaded.delivery.default_reactions
+    if policy:
+        running.policy = loaded.policy
     if shaping:
         running.shaping = loaded.shaping
         for key in _RELOADED_SHAPING_KEYS:

@@ -98,10 +98,14 @@ class PolicyLoadError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class PolicyModule:
-    """A policy module imported and its hooks looked up (`Policy.prepare`), not yet in force."""
+    """A policy module imported and its hooks looked up (`Policy.prepare`), not yet in force,
+    with the `[policy]` settings it was prepared for (a reload may have changed them)."""
 
-    module: ModuleType
+    module: ModuleType | None  # None: no module (`[policy] module` unset, maybe by this reload)
     hooks: dict[str, Hook[Any] | None]
+    spec: str | None
+    sync: Literal["inline", "thread"]
+    runner: _Runner
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,10 +138,11 @@ def refusal(verdict: Refuse | HookFailed) -> Reply:
 class _Runner:
     """What every hook of one policy shares: the timeout, the thread pool, the event log."""
 
-    __slots__ = ("executor", "log", "tasks", "timeout")
+    __slots__ = ("executor", "log", "tasks", "threads", "timeout")
 
     def __init__(self, timeout: float, threads: int | None, log: LogWriter | None) -> None:
         self.timeout = timeout
+        self.threads = threads
         self.executor = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="policy") if threads else None
         self.log = log
         self.tasks: set[asyncio.Task[Any]] = set()  # running hook calls: asyncio keeps only weak references
@@ -348,23 +353,35 @@ class Policy:
         the hooks it had."""
         return self.take(self.prepare(warn=warn))
 
-    def prepare(self, *, warn: bool = True) -> PolicyModule | None:
+    def prepare(self, *, warn: bool = True, config: PolicyConfig | None = None) -> PolicyModule:
         """Import the module as a fresh module object and look its hooks up, changing nothing
         here: a reload does this in a thread (the import may take long), then `take`s the
-        result on the loop. None: no policy. Raises `PolicyLoadError`.
+        result on the loop. Raises `PolicyLoadError`.
+
+        `config`: the `[policy]` a reload read, whose module, timeout, sync and threads are
+        prepared instead of this policy's own (none of them waits for a restart: found from
+        outside, a `[policy]` section added to a running node was said to wait for one, while
+        an edit of the module's code did not). Its module None: no policy (every hook None).
 
         `warn`: log a warning for each function named like a hook that is none (`on_mesage`).
         Every process of a node loads the module: only one of them should say so."""
-        if self.spec is None:
-            return None
-        module = _import(self.spec, self._directory)
-        beside = _beside(self.spec, self._directory) if warn else None
+        spec, sync, runner = self.spec, self.sync, self._runner
+        if config is not None:
+            spec, sync = config.module, config.sync
+            threads = config.threads if sync == "thread" else None
+            if (config.timeout, threads) != (runner.timeout, runner.threads):
+                runner = _Runner(config.timeout, threads, runner.log)  # (its threads start at its first call)
+        if spec is None:
+            none: dict[str, Hook[Any] | None] = dict.fromkeys(HOOKS)
+            return PolicyModule(None, none, None, sync, runner)
+        module = _import(spec, self._directory)
+        beside = _beside(spec, self._directory) if warn else None
         for entry, elsewhere in shadowed(*beside) if beside is not None else ():
             # (a script of the operator's there, a DNS server called dns.py, is not run either)
             _log.warning(
                 "policy %s: %s is not what `import %s` imports: %s is (Python's modules and those installed "
                 "come first); a module of the policy's own needs a name of its own",
-                self.spec,
+                spec,
                 entry,
                 entry.stem,
                 elsewhere,
@@ -376,36 +393,42 @@ class Policy:
                 hooks[name] = None
                 continue
             if not callable(function):
-                raise PolicyLoadError(f"policy {self.spec}: {name} is not a function")
+                raise PolicyLoadError(f"policy {spec}: {name} is not a function")
             if (problem := _call_problem(function)) is not None:
                 # Found now, not as a TypeError at every call (every message, every attempt).
-                raise PolicyLoadError(f"policy {self.spec}: {name}{problem}; Pigeon calls it with one argument")
-            mode: Literal["inline", "async", "thread"] = "async" if inspect.iscoroutinefunction(function) else self.sync
-            hooks[name] = Hook(name, function, mode, self._runner)
+                raise PolicyLoadError(f"policy {spec}: {name}{problem}; Pigeon calls it with one argument")
+            mode: Literal["inline", "async", "thread"] = "async" if inspect.iscoroutinefunction(function) else sync
+            hooks[name] = Hook(name, function, mode, runner)
         for name in dir(module) if warn else ():
             if name.startswith(("on_", "before_", "after_")) and name not in HOOKS and callable(getattr(module, name)):
                 close = [_MEANT[name]] if name in _MEANT else difflib.get_close_matches(name, HOOKS, n=1)
                 hint = f" (did you mean {close[0]}?)" if close else ""
                 _log.warning(
                     "policy %s: %s is not a hook name and is never called%s; the hooks are %s",
-                    self.spec,
+                    spec,
                     name,
                     hint,
                     ", ".join(HOOKS),
                 )
-        return PolicyModule(module, hooks)
+        return PolicyModule(module, hooks, spec, sync, runner)
 
-    def take(self, prepared: PolicyModule | None) -> list[str]:
+    def take(self, prepared: PolicyModule) -> list[str]:
         """The hooks `prepare` found, from now on (on the loop): a new connection or attempt
-        calls them; the module is the one `sys.modules` names from now on (the previous one,
-        if it came from a file, is forgotten). Returns the names of the hooks it defines."""
-        if prepared is None:
-            return []
+        calls them, under the settings they were prepared for; the module is the one
+        `sys.modules` names from now on (the previous one, if it came from a file or is
+        no longer the policy, is forgotten). Returns the names of the hooks it defines."""
         previous, module = self.module, prepared.module
-        if previous is not None and previous.__name__ != module.__name__:
+        if previous is not None and (module is None or previous.__name__ != module.__name__):
             sys.modules.pop(previous.__name__, None)
-        sys.modules[module.__name__] = module  # dataclasses and pickling look their module up there
+        if module is not None:
+            sys.modules[module.__name__] = module  # dataclasses and pickling look their module up there
         self.module = module
+        self.spec, self.sync = prepared.spec, prepared.sync
+        if prepared.runner is not self._runner:
+            # Calls already handed to the old threads still run (and are waited for as they were).
+            replaced, self._runner = self._runner, prepared.runner
+            if replaced.executor is not None:
+                replaced.executor.shutdown(wait=False)
         for name, hook in prepared.hooks.items():
             setattr(self, name, hook)
         return [name for name, hook in prepared.hooks.items() if hook is not None]

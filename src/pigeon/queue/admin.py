@@ -173,6 +173,7 @@ class Admin:
             message.envelope.egress_pool,
             "policy" if message.envelope.egress_pool else None,
         ),
+        reserved_for: Callable[[str], frozenset[str] | None] = lambda domain: None,
         clock: Callable[[], float] = time.time,
         pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -201,6 +202,8 @@ class Admin:
         self._probe_down = probe_down
         """Make the probe of every down site due now (an operator's retry)."""
         self._pool_of = pool_of
+        self._reserved_for = reserved_for
+        """The tenants the `[[route]]` of a domain is reserved for (`Router.reserved_for`); None: any."""
         """The egress pool a message leaves from, and what named it (`pigeon.queue.policy.egress_pool`)."""
         self._clock = clock
         self._pause = pause
@@ -587,15 +590,26 @@ class Admin:
         `tenancy.reaches`). Mail one of them holds (a suspension) or ends (a standing bounce)
         is left where it is, not even claimed, and counted (`held_left`, given whenever `beyond`
         is): selectors match a message's queue as it is now, so moved within its own tenant it
-        would leave the operator's suspension of its queue or campaign behind, and go out."""
+        would leave the operator's suspension of its queue or campaign behind, and go out.
+
+        Mail whose tenant the `[[route]]` of `routing_domain` is not for (`[[route]] tenants`:
+        one reserved for other tenants, or mail of no tenant) is left where it is, not even
+        claimed, and counted (`reserved_left`, given whenever such a route is the target): moved,
+        it would never be sent but bounce as it came due (found from outside: `rebound 1
+        message`, and the mail bounced), and an operator who means to bounce it has `bounce`."""
         now = self._clock()
         mark = RebindMark(queue, routing_domain, operator, operation)
-        inbound_left = held_left = 0
+        inbound_left = held_left = reserved_left = 0
+        # (routing_domain "" routes by the recipients' own domains, as the mail arrived by them)
+        reserved = self._reserved_for(routing_domain) if routing_domain else None
 
         def left_alone(message: Message) -> bool:
-            nonlocal inbound_left, held_left
+            nonlocal inbound_left, held_left, reserved_left
             if message.envelope.target is not None:
                 inbound_left += 1
+                return True
+            if reserved is not None and message.envelope.tenant not in reserved:
+                reserved_left += 1
                 return True
             if beyond is not None and any(beyond(rule) for rule in self._rules.holding(message)):
                 held_left += 1  # the operator's hold holds: not the asker's to lift by moving the mail
@@ -624,11 +638,16 @@ class Admin:
         left = left if inbound_left else ""
         if held_left:
             left += f"; {_messages(held_left)} left in place, held by a rule the token cannot end"
+        if reserved_left:
+            left += (f"; {_messages(reserved_left)} left in place: the [[route]] of {routing_domain} is reserved "
+                     "for other tenants than theirs")  # fmt: skip
         _log.warning("admin rebind by %s of %s: %s to queue=%s route=%s%s", operator, selector.describe(),
                      _messages(rebound), queue, routing_domain, left)  # fmt: skip
         answer: dict[str, Any] = {"rebound": rebound, "after_attempt": after_attempt, "inbound_left": inbound_left}
         if beyond is not None:
             answer["held_left"] = held_left
+        if reserved is not None:
+            answer["reserved_left"] = reserved_left
         return answer
 
     async def retry(

@@ -9,7 +9,7 @@ import pytest
 
 from pigeon.config.load import ConfigError, load
 from pigeon.node.outbound import routes_from
-from pigeon.route_tenants import RouteTenants
+from pigeon.route_tenants import RouteTenants, shared_account_warnings
 
 
 def _load(tmp_path: Path, routes: str) -> Path:
@@ -55,3 +55,25 @@ def test_a_route_reserved_for_every_domain_or_for_no_tenant_is_refused_at_load(
         load(_load(tmp_path, f'[[route]]\nnext_hop = "relay.test:587"\n{route}'))
     assert "[[route]] #1 tenants" in str(caught.value), caught.value
     assert said in str(caught.value), caught.value
+
+
+def test_routes_sharing_a_smart_host_account_but_not_reserved_alike_are_warned_about_once(tmp_path: Path) -> None:
+    account = 'next_hop = "Relay.test:587"\nauth_username = "globex"\nauth_password = "pw"\n'
+    config = load(
+        _load(
+            tmp_path,
+            f'[[route]]\ndomain = "globex-relay.test"\n{account}tenants = ["globex"]\n'
+            f'[[route]]\ndomain = "initech-relay.test"\n{account}tenants = ["initech"]\n'
+            f'[[route]]\ndomain = "alike.test"\n{account}tenants = ["globex"]\n'
+            '[[route]]\ndomain = "own.test"\nnext_hop = "relay.test:587"\nauth_username = "acme"\n'
+            'auth_password = "pw"\n',
+        )
+    )
+    # Each route said once, with the first route before it not reserved alike; #4's account is its own.
+    warning, third = shared_account_warnings(config.route)
+    assert third.startswith("[[route]] #3 (domain 'alike.test') logs in to relay.test:587 as 'globex' as #2 "), third
+    assert warning.startswith(
+        "[[route]] #2 (domain 'initech-relay.test') logs in to relay.test:587 as 'globex' as #1 (domain "
+        "'globex-relay.test') does, and they are not reserved alike (#1: tenant globex's alone; #2: tenant "
+        "initech's alone)"
+    ), warning

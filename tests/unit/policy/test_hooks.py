@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from pigeon.config.schema import PolicyConfig, PositiveDuration
 from pigeon.logs.records import PolicyFailure
 from pigeon.policy import Changes, Headers, Reclassify, Refuse
 from pigeon.policy.answers import folded_field
@@ -217,6 +218,27 @@ async def test_plain_hooks_on_threads_are_bounded_too(tmp_path: Path) -> None:
         assert isinstance(quick, asyncio.Future) and isinstance(slow, asyncio.Future)
         assert await quick is None
         assert await asyncio.wait_for(slow, 1) == HookFailed(POLICY_TIMEOUT)
+    finally:
+        policy.close()
+
+
+async def test_a_reloaded_policy_section_brings_its_module_timeout_and_sync_or_none(tmp_path: Path) -> None:
+    """A reload prepares the `[policy]` it read, not the one the node started with (found from
+    outside: a section added at a reload waited for a restart)."""
+    policy = Policy()  # started with no [policy]
+    (tmp_path / "pol.py").write_text("import time\ndef on_rcpt_to(seconds):\n    time.sleep(seconds)\n")
+    config = PolicyConfig(module=str(tmp_path / "pol.py"), timeout=PositiveDuration(0.2), sync="thread")
+    prepared = policy.prepare(config=config)
+    assert policy.spec is None and policy.on_rcpt_to is None  # prepared, not yet taken
+    assert policy.take(prepared) == ["on_rcpt_to"]
+    hook = policy.on_rcpt_to
+    assert policy.spec == config.module and hook is not None and hook.mode == "thread"
+    try:
+        slow = hook(2)
+        assert isinstance(slow, asyncio.Future)
+        assert await asyncio.wait_for(slow, 1) == HookFailed(POLICY_TIMEOUT)
+        assert policy.take(policy.prepare(config=PolicyConfig())) == []  # the section taken out
+        assert policy.spec is None and policy.defined() == [] and policy.module is None
     finally:
         policy.close()
 

@@ -613,6 +613,7 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
             "after_attempt": count,
             "inbound_left": count,
             "held_left": count,
+            "reserved_left": count,
             "operation": operation_id,
         },
         "rebound",
@@ -621,7 +622,9 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
         doc="rebound: messages moved, due now; after_attempt: how many of them were being sent, moved as far as "
         "that attempt leaves them; inbound_left: matching messages of [[inbound]] routes, left as they are: they "
         "go to their target from their own queue; held_left (a token bound to tenants only): matching messages "
-        "a suspension or standing bounce it cannot end holds (the operator's: not named), left where they are",
+        "a suspension or standing bounce it cannot end holds (the operator's: not named), left where they are; "
+        "reserved_left (when the routing_domain's [[route]] is reserved with tenants): matching messages of "
+        "other tenants, or of none, left where they are: moved, they would bounce, not be sent",
     )
     retried = by_id(
         {
