@@ -55,7 +55,8 @@ the node that takes over to acknowledge only): the node that takes their claims 
 tell which of them the dead node handed over, and records each it hands over
 `taken_over_from` the dead node; so does every record of the message until it is handed over,
 a failed attempt's and those after its backoff, whichever node makes them (the dead node's
-token waits with the backoff: see `arbitration`). A node killed with Redis repeats, at most,
+token waits with the backoff: see `arbitration`; in Redis only, so a Redis that loses its data
+meanwhile loses it too, as the README says). A node killed with Redis repeats, at most,
 all of them.
 A node stopped (SIGSTOP) or stalled past its heartbeat counts as dead: its handoffs in flight
 may be repeated likewise, and those it completes once it runs again are said (a WARNING) and
