@@ -108,6 +108,9 @@ _log = logging.getLogger(__name__)
 # found by every search, and its mark lasts while it does.
 DONE_TTL: Final = 24 * 3600.0
 BEAT: Final = 1.0  # seconds between a node's heartbeats
+# `Claim.taken_by` when the node that took the claim over is not known any more (it failed its
+# attempt since, leaving only a backoff): said as is, where a known one is "node <name>".
+UNKNOWN_TAKER: Final = "another node"
 BEAT_TTL: Final = 5.0  # a node whose heartbeat is this old is dead: its claims are taken over
 _SWEEP_EVERY: Final = 60.0  # seconds between sweeps of dead nodes' heartbeats
 
@@ -143,7 +146,8 @@ class Claim:
     holder: str = ""  # HELD, DONE: the live node holding or having settled it ("": one without heartbeat)
     lapses: int = 0  # the arbiter's lapse count when this claim was last verified (see `holds`)
     # Settled (done, say) after another node had taken it over, our heartbeat having run out
-    # meanwhile: that node, as logs name it (its name with its token, or the token).
+    # meanwhile: that node, as logs name it (its name with its token, or the token), or
+    # UNKNOWN_TAKER.
     taken_by: str = ""
     # Marking it done (or failed, or in backoff) did not reach Redis: whether another node took
     # it over meanwhile cannot be told from here.
@@ -699,7 +703,7 @@ class RedisArbiter(Arbiter):
                 claim.lost = True
                 claim.taken_by = f"{name} (token {node})" if name else node
                 if node == "?":  # it failed its attempt since, and left only a backoff
-                    claim.taken_by = "another node"
+                    claim.taken_by = UNKNOWN_TAKER
 
     async def _mark(self, claims: Sequence[Claim], kind: str) -> None:
         await self._settle_all([(c, f"{kind}:{self.token}") for c in claims])

@@ -55,7 +55,8 @@ the node that takes over to acknowledge only): the node that takes their claims 
 tell which of them the dead node handed over, and records each it hands over
 `taken_over_from` the dead node; so does every record of the message until it is handed over,
 a failed attempt's and those after its backoff, whichever node makes them (the dead node's
-token waits with the backoff: see `arbitration`). A node killed with Redis repeats, at most,
+token waits with the backoff: see `arbitration`; in Redis only, so a Redis that loses its data
+meanwhile loses it too, as the README says). A node killed with Redis repeats, at most,
 all of them.
 A node stopped (SIGSTOP) or stalled past its heartbeat counts as dead: its handoffs in flight
 may be repeated likewise, and those it completes once it runs again are said (a WARNING) and
@@ -108,7 +109,7 @@ from typing import Any, Final, TypeVar
 from pigeon.config.patterns import host_port
 from pigeon.config.schema import MailboxConfig
 from pigeon.config.secret_file import first_line
-from pigeon.inbound.arbitration import BEAT_TTL, Arbiter, ArbitrationUnavailable, Claim, Standing
+from pigeon.inbound.arbitration import BEAT_TTL, UNKNOWN_TAKER, Arbiter, ArbitrationUnavailable, Claim, Standing
 from pigeon.inbound.commit import Accepted, BackgroundSync, Commits, GroupCommit
 from pigeon.inbound.imap import ConnectFailed, CopiedOnly, ImapError, ImapSession, uid_set
 from pigeon.inbound.message import InboundMessage
@@ -1215,10 +1216,12 @@ class MailboxWatcher:
         """The target accepted a message whose claim another node had taken over meanwhile: this
         node's heartbeat ran out during the handoff (the process stopped or stalled), so the
         other node took it for dead and may have handed the message over too."""
-        _log.warning("mailbox %s: UID %d (Message-ID %s) of %s was accepted by %s after node %s took its claim over "
+        # (`taken_by` is "another node" when the node that took it over is not known any more)
+        taker = claim.taken_by if claim.taken_by == UNKNOWN_TAKER else f"node {claim.taken_by}"
+        _log.warning("mailbox %s: UID %d (Message-ID %s) of %s was accepted by %s after %s took its claim over "
                      "(this node's heartbeat had run out: stopped or stalled for more than %.0fs): it may have "
                      "reached the application twice, with the same dedupe key %s", self.config.name, claim.uid,
-                     message.message_id or "none", self.identity, self.target.name, claim.taken_by, BEAT_TTL,
+                     message.message_id or "none", self.identity, self.target.name, taker, BEAT_TTL,
                      message.dedupe_key)  # fmt: skip
 
     def _warn_maybe_taken_over(self, claim: Claim, message: InboundMessage) -> None:

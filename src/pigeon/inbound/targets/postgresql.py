@@ -4,7 +4,9 @@ Besides the raw bytes, a row has the message's Subject, From and To decoded to t
 (`subject`, `from_header`, `to_header`), where the table has those columns.
 
 The unique dedupe key is the fence (Kleppmann's term): whatever arbitration let through twice,
-the table holds one row per message. A batch is one `executemany` in one transaction. Every
+the table holds one row per message. A batch is one `executemany` in one transaction, its rows in
+dedupe key order (so that two nodes' batches of the same messages never deadlock; a deadlock or
+serialization failure all the same is tried again at once, `_CONFLICTED`). Every
 database error is "later": a missing table or a failover must not send mail to the failed
 folder. Except a row the database refuses for what it holds (class 22, a NUL byte in text) or for
 a constraint of the table's (class 23: a NOT NULL, a CHECK, a UNIQUE other than dedupe_key's, a
@@ -147,6 +149,19 @@ _CHANGED: Final = (
 # (A copy of the same message that another node commits meanwhile, and that trips that other
 # constraint first, is the row tried alone: ON CONFLICT finds it then, "already in".)
 _REFUSED_ROW: Final = (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError)
+
+# What an insert's transaction fails with when another transaction's locks crossed its own: a
+# deadlock (40P01) or a serialization failure (40001). The transaction was rolled back, and the
+# same batch goes in if tried again (PostgreSQL's own advice), so it is, at once, this many times
+# more, before it is said as the database refusing it for now.
+_CONFLICTED: Final = (asyncpg.exceptions.DeadlockDetectedError, asyncpg.exceptions.SerializationError)
+_CONFLICT_RETRIES: Final = 3
+
+
+def _dedupe_key(row: tuple[object, ...]) -> str:
+    """A row's dedupe key (its first column), the order a batch's rows are inserted in."""
+    return str(row[0])
+
 
 # The longest a database error is said, in a handoff's detail (and so in /healthz).
 _SAID_AT_MOST: Final = 300
@@ -457,10 +472,24 @@ class PostgresqlTarget(Target):
         # batch may learn it again while this one runs.
         insert, decoded = self._insert, bool(self._decoded)
         rows = [self._row(m, decoded=decoded) for m in messages]
+        # Inserted in dedupe key order, whatever the mailbox's: each insert locks its key's slot
+        # in the unique index until commit, and two nodes' batches of the same messages in
+        # opposite orders (a folder holding them twice) would each wait for the other (40P01).
+        # In one order, the later waits for the earlier and then finds its rows there.
+        ordered = sorted(rows, key=_dedupe_key)
         try:
-            async with connection.transaction():
-                there = await self._there(connection, rows)
-                await connection.executemany(insert, rows)
+            for tries_left in range(_CONFLICT_RETRIES, -1, -1):
+                try:
+                    async with connection.transaction():
+                        there = await self._there(connection, rows)
+                        await connection.executemany(insert, ordered)
+                    break
+                except _CONFLICTED:
+                    # Nothing of the batch was committed: tried again at once, not taken for
+                    # the database refusing (another unique constraint of the operator's, or
+                    # a SERIALIZABLE default_transaction_isolation, can still make one).
+                    if not tries_left:
+                        raise
         except asyncpg.InsufficientPrivilegeError as error:
             await self._not_permitted(connection, error)
         except _REFUSED_ROW:
