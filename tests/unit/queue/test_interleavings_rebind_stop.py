@@ -207,13 +207,30 @@ async def explore(operations: Operations, answers: str, limit: int, *, in_memory
     return explorer
 
 
-@pytest.mark.parametrize("answers", sorted(ANSWERS))
-@pytest.mark.parametrize("operations", OPERATIONS, ids=str)
-async def test_every_order_of_a_rebind_alone_or_with_a_hold_or_bounce_then_a_stop_or_a_crash(
-    operations: Operations, answers: str
-) -> None:
+# Every order of a rebind alone by default; with a hold or a bounce too (20-30 s each, 32 of them:
+# minutes of the suite) in -m slow, random orders of them by default (below).
+ALONE = [operations for operations in OPERATIONS if operations.names == ("rebind",)]
+TOGETHER = [operations for operations in OPERATIONS if operations.names != ("rebind",)]
+
+
+async def _every_order(operations: Operations, answers: str) -> None:
     explorer = await explore(operations, answers, limit=20_000)
     assert explorer.runs >= 10
+
+
+@pytest.mark.parametrize("answers", sorted(ANSWERS))
+@pytest.mark.parametrize("operations", ALONE, ids=str)
+async def test_every_order_of_a_rebind_then_a_stop_or_a_crash(operations: Operations, answers: str) -> None:
+    await _every_order(operations, answers)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("answers", sorted(ANSWERS))
+@pytest.mark.parametrize("operations", TOGETHER, ids=str)
+async def test_every_order_of_a_rebind_with_a_hold_or_bounce_then_a_stop_or_a_crash(
+    operations: Operations, answers: str
+) -> None:
+    await _every_order(operations, answers)
 
 
 @pytest.mark.parametrize("answers", sorted(ANSWERS))
