@@ -224,9 +224,12 @@ _BOUNCE_RESULTS: Final = {
 _RETRY_RESULTS: Final = {
     "made_due": "due now",
     "already_due": "due already: waiting for a connection, or being sent",
+    "hold_cancelled": "being sent: the hold asked meanwhile is cancelled; what that attempt does not deliver is "
+    "retried as usual",
     "suspended": "left held by a suspension (`pigeon suspend --list`, then `pigeon resume ID`)",
     "held": "left held: held by someone this token cannot release (`pigeon inspect` says who)",
-    "bounced": "bounced instead (a standing bounce covers it: `pigeon bounce --list`)",
+    "bounced": "bounced instead (a standing bounce covers it, `pigeon bounce --list`; or, being sent, it was "
+    "bounced meanwhile: bounced as far as that attempt does not deliver it)",
 }
 _NOT_FOUND: Final = "not found: delivered, bounced or expired already, or no such message"
 
@@ -349,7 +352,9 @@ def _retry(args: argparse.Namespace) -> int:
     if said.get("suspended"):
         text += "; {suspended} left held by a suspension (`pigeon suspend --list`, then `pigeon resume ID`)"
     if said.get("bounced"):
-        text += "; {bounced:count message} bounced instead (a standing bounce covers them: `pigeon bounce --list`)"
+        # (A bounce asked while a message was being sent is not taken back by a retry either.)
+        text += ("; {bounced:count message} bounced instead (a standing bounce covers them, `pigeon bounce --list`, "
+                 "or an operator bounced them while they were being sent)")  # fmt: skip
     if said.get("on_hold") and args.messages:
         # (Named by id: a token bound to tenants, and a hold it cannot release, the operator's.)
         text += "; {on_hold:count message} left held by someone this token cannot release"

@@ -67,7 +67,8 @@ CASES: list[tuple[Callable[[argparse.Namespace], int], dict[str, Any], str, str,
     (admin._retry, {"domain": "slow.test"}, "POST", "/api/v1/admin/retry",
      {"made_due": 3, "suspended": 2, "bounced": 1, "operation": "op2"},
      "3 messages due now; 2 left held by a suspension (`pigeon suspend --list`, then `pigeon resume ID`); "
-     "1 message bounced instead (a standing bounce covers them: `pigeon bounce --list`)"),
+     "1 message bounced instead (a standing bounce covers them, `pigeon bounce --list`, or an operator bounced "
+     "them while they were being sent)"),
     (admin._resume, {"id": "3f9a1c2b7d4e"}, "DELETE", "/api/v1/admin/suspend/3f9a1c2b7d4e",
      {"cancelled": True, "made_due": 3, "bounced": 2},
      "resumed: 3 messages due now; 2 messages bounced instead"),
