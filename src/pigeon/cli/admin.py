@@ -16,6 +16,7 @@ from typing import Any, Final
 
 from pigeon.cli.api import TEMPFAIL, ApiClient, add_api_options, fail, identifier, is_partial, printable
 from pigeon.message import format_id, parse_id
+from pigeon.node.partial_answer import workers_named
 
 _SELECTOR_HELP = "which messages: at least one of --domain, --tenant, --campaign, --queue (globs allowed)"
 
@@ -688,7 +689,9 @@ def _show(args: argparse.Namespace, status: int, answer: Any, text: str, **more:
         if args.json:
             print(json.dumps(answer, indent=2))
         elif text:
-            print(f"workers {answer['answered']} only: ", end="")
+            answered = answer.get("answered")
+            named = workers_named(answered) if isinstance(answered, list) else f"workers {answered}"
+            print(f"{named} only: ", end="")
             _show(args, 200, answer["answers"], text, **more)
         return fail(status, answer)
     if status >= 400:

@@ -117,6 +117,6 @@ async def test_a_partial_answer_is_told_with_the_qualifiers_of_a_whole_one(
     assert qualified in out, out
     code, partly, err = told(partial)
     assert code == TEMPFAIL
-    assert partly == f"workers [0] only: {out}"  # the same sentence, for what worker 0 did
-    assert "pigeon: 503: the answer covers workers [0] only" in err
+    assert partly == f"worker 0 only: {out}"  # the same sentence, for what worker 0 did
+    assert "pigeon: 503: the answer covers worker 0 only" in err
     assert "pigeon: worker 1 did not answer: could not be asked" in err
