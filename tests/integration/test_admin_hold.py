@@ -179,3 +179,40 @@ def test_a_hold_names_messages_by_id(tmp_path: Path, sink: DeferringSink) -> Non
         said = pigeon.cli("hold", "--id", queued, "--reason", "look")
         assert said.startswith("held 1 message") and f"{queued}  held (1 recipient)" in said, said
         assert "look" in pigeon.cli("inspect", queued)
+
+
+def test_a_retry_by_id_of_a_message_held_while_being_sent_cancels_the_hold_and_it_is_retried_as_usual(
+    tmp_path: Path,
+) -> None:
+    # Found from outside: the retry answered `already_due`, and when the attempt ended with its
+    # 451 the message sat held by the operator, silently (held mail does not expire), until a
+    # second retry. The sink takes 4 s to answer the end of data, with a 451.
+    with ScriptedSink(slow=4.0) as sink, _node(tmp_path / "node", sink) as pigeon:
+        (sending,) = _send(pigeon, ["slowtemp@example.net"])
+
+        def on_the_wire(attempt: int) -> bool:
+            # Listed in flight, and its RCPT seen by the sink: the attempt has begun.
+            listed = _api(pigeon, "GET", "/api/v1/messages?state=in_flight")[1]["messages"]
+            return [m["id"] for m in listed] == [sending] and len(sink.rcpt_log) >= attempt
+
+        wait_until(lambda: on_the_wire(1))
+        status, answer = _api(pigeon, "POST", "/api/v1/admin/hold", {"messages": [sending], "reason": "wait"})
+        assert answer["messages"] == [{"id": sending, "result": "after_attempt", "recipients": 1}], (status, answer)
+        said = pigeon.cli("retry", "--id", sending)
+        assert f"{sending}  being sent: the hold asked meanwhile is cancelled" in said, said
+        # The attempt ends (451): deferred as usual, not held, and tried again at its turn.
+        (deferral,) = pigeon.wait_records("TransientFailure", timeout=30)
+        assert deferral["id"] == sending and deferral["next_attempt"] > 0
+        wait_until(lambda: sink.rcpt_log.count("slowtemp@example.net") >= 2, timeout=30)
+        assert not pigeon.records("AdminHold")
+        seen = _api(pigeon, "GET", f"/api/v1/messages/{sending}")[1]
+        assert (seen.get("held"), seen.get("hold_operator")) == (None, None), seen
+        assert "held" not in pigeon.cli("queue", "list")
+        # Asked through the API, of an attempt under way again: the row says so.
+        wait_until(lambda: on_the_wire(3), timeout=30)
+        answer = _api(pigeon, "POST", "/api/v1/admin/hold", {"messages": [sending]})[1]
+        assert answer["after_attempt"] == 1, answer
+        answer = _api(pigeon, "POST", "/api/v1/admin/retry", {"messages": [sending]})[1]
+        assert answer["messages"] == [{"id": sending, "result": "hold_cancelled"}], answer
+        wait_until(lambda: len(pigeon.records("TransientFailure")) >= 2, timeout=30)
+        assert not pigeon.records("AdminHold")

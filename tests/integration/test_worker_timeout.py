@@ -146,8 +146,8 @@ def test_a_worker_stopped_during_a_bulk_bounce_is_reported_missing_and_the_cli_e
             out, err = cli.communicate(timeout=60)
         took = time.monotonic() - started
         assert cli.returncode == 75, (out, err)
-        assert out.startswith(f"workers [0] only: bounced {QUEUED} messages"), out
-        assert "pigeon: 503: the answer covers workers [0] only" in err
+        assert out.startswith(f"worker 0 only: bounced {QUEUED} messages"), out
+        assert "pigeon: 503: the answer covers worker 0 only" in err
         assert "pigeon: worker 1 did not answer: went away before it answered" in err
         assert "it may have carried out part of the request (see `pigeon queue operations`)" in err
         assert f"worker 1 (pid {stopped}) has not answered the supervisor for 2s" in pigeon.stderr()

@@ -10,6 +10,7 @@ The scripted sink answers by recipient local part, like KumoMTA's test sink:
     datatemp@...    451 4.3.0 at end of data
     slow@...        waits `slow` seconds before answering RCPT (slow-<anything>@... too)
     slowend@...     waits `slow` seconds before answering the end of data (slowend-<anything>@... too)
+    slowtemp@...    waits `slow` seconds, then 451 4.3.0 at end of data (an attempt long on the wire)
     flaky@...       451 4.3.0 at RCPT for its first `flaky` tries, then 250
     hangup@...      drops the connection in the middle of DATA
     chaos*@...      at random (seeded), per recipient: 451 at RCPT (25%), 550 at RCPT (3%); per
@@ -203,6 +204,9 @@ class _Handler:
             return "554 5.6.0 content rejected"
         if "datatemp" in locals_:
             return "451 4.3.0 content deferred"
+        if "slowtemp" in locals_:
+            await asyncio.sleep(self.sink.slow)
+            return "451 4.3.0 content deferred, slowly"
         if any(local == "slowend" or local.startswith("slowend-") for local in locals_):
             await asyncio.sleep(self.sink.slow)
         data = envelope.original_content or b""

@@ -16,6 +16,7 @@ from typing import Any, Final
 
 from pigeon.cli.api import TEMPFAIL, ApiClient, add_api_options, fail, identifier, is_partial, printable
 from pigeon.message import format_id, parse_id
+from pigeon.node.partial_answer import workers_named
 
 _SELECTOR_HELP = "which messages: at least one of --domain, --tenant, --campaign, --queue (globs allowed)"
 
@@ -224,9 +225,12 @@ _BOUNCE_RESULTS: Final = {
 _RETRY_RESULTS: Final = {
     "made_due": "due now",
     "already_due": "due already: waiting for a connection, or being sent",
+    "hold_cancelled": "being sent: the hold asked meanwhile is cancelled; what that attempt does not deliver is "
+    "retried as usual",
     "suspended": "left held by a suspension (`pigeon suspend --list`, then `pigeon resume ID`)",
     "held": "left held: held by someone this token cannot release (`pigeon inspect` says who)",
-    "bounced": "bounced instead (a standing bounce covers it: `pigeon bounce --list`)",
+    "bounced": "bounced instead (a standing bounce covers it, `pigeon bounce --list`; or, being sent, it was "
+    "bounced meanwhile: bounced as far as that attempt does not deliver it)",
 }
 _NOT_FOUND: Final = "not found: delivered, bounced or expired already, or no such message"
 
@@ -349,7 +353,9 @@ def _retry(args: argparse.Namespace) -> int:
     if said.get("suspended"):
         text += "; {suspended} left held by a suspension (`pigeon suspend --list`, then `pigeon resume ID`)"
     if said.get("bounced"):
-        text += "; {bounced:count message} bounced instead (a standing bounce covers them: `pigeon bounce --list`)"
+        # (A bounce asked while a message was being sent is not taken back by a retry either.)
+        text += ("; {bounced:count message} bounced instead (a standing bounce covers them, `pigeon bounce --list`, "
+                 "or an operator bounced them while they were being sent)")  # fmt: skip
     if said.get("on_hold") and args.messages:
         # (Named by id: a token bound to tenants, and a hold it cannot release, the operator's.)
         text += "; {on_hold:count message} left held by someone this token cannot release"
@@ -683,7 +689,9 @@ def _show(args: argparse.Namespace, status: int, answer: Any, text: str, **more:
         if args.json:
             print(json.dumps(answer, indent=2))
         elif text:
-            print(f"workers {answer['answered']} only: ", end="")
+            answered = answer.get("answered")
+            named = workers_named(answered) if isinstance(answered, list) else f"workers {answered}"
+            print(f"{named} only: ", end="")
             _show(args, 200, answer["answers"], text, **more)
         return fail(status, answer)
     if status >= 400:

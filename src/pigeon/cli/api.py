@@ -26,6 +26,7 @@ from pigeon import __version__
 from pigeon.cli.common import add_config_option, load_config
 from pigeon.config.schema import split_endpoint
 from pigeon.logs.peer_text import escape_unprintable, shown
+from pigeon.node.partial_answer import covered
 from pigeon.node.sockets import recorded_http_address
 from pigeon.redaction import redact, redact_url
 
@@ -291,8 +292,7 @@ def fail(status: int, answer: Any) -> int:
     disabled on it); else 2 (refused: fix the command)."""
     answer = _said(answer)  # an error may quote what was asked for, or a remote's words
     if is_partial(status, answer):
-        print(f"pigeon: {status}: the answer covers workers {answer.get('answered') or 'none'} only",
-              file=sys.stderr)  # fmt: skip
+        print(f"pigeon: {status}: {covered(answer.get('answered'))}", file=sys.stderr)
         for missing in answer.get("missing", ()):
             print(f"pigeon: worker {missing.get('worker')} did not answer: {missing.get('error')}", file=sys.stderr)
         print("pigeon: try again once every worker is back (`pigeon top`, /healthz)", file=sys.stderr)

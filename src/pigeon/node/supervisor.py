@@ -86,6 +86,7 @@ from pigeon.node.descriptors import open_files_limit, share
 from pigeon.node.handed import HandedConfig
 from pigeon.node.handed import encode as encode_handed
 from pigeon.node.notify import sd_notify
+from pigeon.node.partial_answer import covered
 from pigeon.node.privileges import interpreter_problem
 from pigeon.node.sockets import Bound
 from pigeon.node.standing import (
@@ -1298,7 +1299,11 @@ class Supervisor:
         ]
         said = "; ".join(f"worker {index}: {why}" for index, why in missing.items())
         partial: dict[str, Any] = {
-            "error": f"not every worker answered ({said}); this answer covers workers {answered or 'none'} only",
+            "error": (
+                f"not every worker answered ({said}); {covered(answered, this='this')}"
+                if answered
+                else f"no worker answered ({said})"
+            ),
             "partial": True,
             "answered": answered,
             "missing": [{"worker": index, "error": why} for index, why in missing.items()],

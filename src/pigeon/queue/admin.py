@@ -60,7 +60,7 @@ from pigeon.queue import listing
 from pigeon.queue.names import queue_parts
 from pigeon.queue.ready import ReadyQueue, ReadyQueues
 from pigeon.queue.rules import Rule, RuleIdTaken, Rules, Selector, describe_rule, new_rule_id, taken_by
-from pigeon.queue.settlement import Settlement
+from pigeon.queue.settlement import Settlement, marks_after_attempt
 from pigeon.queue.state import ActiveSet, AdminMark, Entry, RebindMark, State
 from pigeon.shaping.effects import Effect
 from pigeon.spool.shards import Spools
@@ -660,7 +660,7 @@ class Admin:
         of_rule: float | None = None,
         messages: Sequence[SpoolId] | None = None,
         bound_to: list[str] | None = None,
-        kept: Callable[[Message], bool] | None = None,
+        kept: Callable[[list[str] | None], bool] | None = None,
     ) -> dict[str, Any]:
         """Make matching deferred messages due now (a settling one: once its outcome is written),
         held ones too unless `release` is False. `kind`: the operation's name in its progress;
@@ -679,7 +679,7 @@ class Admin:
         tenants of the token that asked: of `messages`, another tenant's is answered `not_found`
         without being read (`_batches`)."""
         now = self._clock()
-        suspended = bounced = on_hold = released_suspended = 0
+        suspended = bounced = on_hold = released_suspended = pending_bounces = 0
         became: dict[SpoolId, tuple[str, int]] = {}
         missed: dict[SpoolId, list[str]] = {}
 
@@ -693,7 +693,7 @@ class Admin:
                 # it by its id lets it go, not a retry of its queue or domain (`postqueue -f`).
                 on_hold += 1
                 return False
-            if message.envelope.hold_operator is not None and kept is not None and kept(message):
+            if message.envelope.hold_operator is not None and kept is not None and kept(message.envelope.hold_bound_to):
                 # Named by id, but held by someone the asker cannot release (the operator): left
                 # held, said without whose hold it is or why (`pigeon inspect` says that).
                 on_hold += 1
@@ -715,8 +715,31 @@ class Admin:
             became[message.id] = ("made_due", 0)
             return True
 
-        def in_memory(entry: Entry) -> None:
-            became[entry.id] = ("already_due", 0)  # routed, waiting for a connection, or being sent
+        def in_memory(entry: Entry) -> asyncio.Future[None] | None:
+            nonlocal on_hold, pending_bounces
+            # Routed, waiting for a connection, or being sent: due already, unless an operator
+            # held or bounced it while its attempt was on the wire (`Settlement.after_attempt`).
+            bounce, hold = marks_after_attempt(entry) if release and entry.state is State.IN_FLIGHT else (None, None)
+            if bounce is not None:
+                # A bounce is final: a retry does not take it back. What that attempt does not
+                # deliver is bounced when it ends, and said so, not "due".
+                pending_bounces += 1
+                became[entry.id] = ("bounced", 0)
+                return None
+            bound = list(hold.bound_to) if hold is not None and hold.bound_to is not None else None
+            if hold is not None and (messages is None or (kept is not None and kept(bound))):
+                # Not this operation's to release (by selector; or a token bound to tenants, of
+                # the operator's hold): held when the attempt ends, as an applied hold stays.
+                on_hold += 1
+                became[entry.id] = ("held", 0)
+                return None
+            if hold is not None:
+                # Released by its id before the hold applied: the hold is cancelled (in the row
+                # too, before the answer), and the attempt's outcome leaves it as any would.
+                became[entry.id] = ("hold_cancelled", 0)
+                return self._settlement.cancel_hold(entry)
+            became[entry.id] = ("already_due", 0)
+            return None
 
         # Mail of a down site made due would only be deferred again, untried, until its
         # scheduled probe: the operator may know the host is back, so it probes now. Before
@@ -737,6 +760,7 @@ class Admin:
             of_tenants=bound_to,
         )
         made_due -= bounced + released_suspended
+        bounced += pending_bounces
         answer: dict[str, Any] = {"made_due": made_due, "suspended": suspended, "bounced": bounced}
         if on_hold:
             answer["on_hold"] = on_hold
@@ -770,7 +794,7 @@ class Admin:
         before_commit: Callable[[], None] | None = None,
         of_rule: float | None = None,
         ids: Sequence[SpoolId] | None = None,
-        in_memory: Callable[[Entry], None] | None = None,
+        in_memory: Callable[[Entry], asyncio.Future[None] | None] | None = None,
         missed: dict[SpoolId, list[str]] | None = None,
         of_tenants: Collection[str] | None = None,
     ) -> int:
@@ -782,9 +806,8 @@ class Admin:
         by_shard: dict[int, list[int]] = {}
 
         def act(entry: Entry) -> tuple[_Done, asyncio.Future[None] | None]:
-            if in_memory is not None:
-                in_memory(entry)
-            return _Done.IGNORED, None
+            # (What `in_memory` writes, the walk waits for before it answers.)
+            return _Done.IGNORED, in_memory(entry) if in_memory is not None else None
 
         def spool_only(message: Message) -> bool:
             if not wanted(message):

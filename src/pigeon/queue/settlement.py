@@ -370,6 +370,23 @@ class Settlement:
             message.envelope = msgspec.structs.replace(message.envelope, after_attempt=written)
         return self._mark_durable(entry)
 
+    def cancel_hold(self, entry: Entry) -> asyncio.Future[None]:
+        """An operator released (`pigeon retry --id`) a message held while its attempt is on the
+        wire, that hold not applied yet: it is cancelled, in memory (`Entry.admin_hold`) and in
+        the row (`Envelope.after_attempt`), so that the attempt's outcome leaves the message
+        deferred or due as any outcome does, and a stop or a crash before that outcome leaves a
+        row that is not held as it is loaded again. A bounce asked too stays (a bounce is final:
+        the caller says so), and so does a rebind (`rebind_after_attempt`: the row keeps it). The
+        future resolves as `after_attempt`'s does, once the row no longer holds the hold (or the
+        attempt's outcome, which no longer applies it, is durable): the operator is answered
+        then. Written in the shard's commit order after the hold's own mark."""
+        entry.admin_hold = None
+        message = entry.message
+        pending = message.envelope.after_attempt
+        if pending is not None and pending.kind == "hold":
+            message.envelope = msgspec.structs.replace(message.envelope, after_attempt=None)
+        return self._mark_durable(entry)
+
     def rebind_after_attempt(self, entry: Entry, mark: RebindMark) -> asyncio.Future[None]:
         """An operator rebound a message whose attempt is on the wire: what that attempt does not
         deliver moves when it ends, due at once, with a `Rebind` record. The mark goes into the

@@ -67,7 +67,8 @@ CASES: list[tuple[Callable[[argparse.Namespace], int], dict[str, Any], str, str,
     (admin._retry, {"domain": "slow.test"}, "POST", "/api/v1/admin/retry",
      {"made_due": 3, "suspended": 2, "bounced": 1, "operation": "op2"},
      "3 messages due now; 2 left held by a suspension (`pigeon suspend --list`, then `pigeon resume ID`); "
-     "1 message bounced instead (a standing bounce covers them: `pigeon bounce --list`)"),
+     "1 message bounced instead (a standing bounce covers them, `pigeon bounce --list`, or an operator bounced "
+     "them while they were being sent)"),
     (admin._resume, {"id": "3f9a1c2b7d4e"}, "DELETE", "/api/v1/admin/suspend/3f9a1c2b7d4e",
      {"cancelled": True, "made_due": 3, "bounced": 2},
      "resumed: 3 messages due now; 2 messages bounced instead"),
@@ -116,6 +117,6 @@ async def test_a_partial_answer_is_told_with_the_qualifiers_of_a_whole_one(
     assert qualified in out, out
     code, partly, err = told(partial)
     assert code == TEMPFAIL
-    assert partly == f"workers [0] only: {out}"  # the same sentence, for what worker 0 did
-    assert "pigeon: 503: the answer covers workers [0] only" in err
+    assert partly == f"worker 0 only: {out}"  # the same sentence, for what worker 0 did
+    assert "pigeon: 503: the answer covers worker 0 only" in err
     assert "pigeon: worker 1 did not answer: could not be asked" in err

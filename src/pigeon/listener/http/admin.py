@@ -22,7 +22,8 @@ A selector names at least one of domain, tenant, campaign, queue (globs). A boun
 may name messages by id instead (`messages`: `postsuper -d`, `postqueue -i`), or as well (then
 only those of them it selects); it acts on them wherever they are, each worker and node on those
 it holds, and its answer says of each id what became of it (`result`: bounced, after_attempt,
-made_due, already_due, suspended, held (a bound token's retry of mail held by a hold it cannot
+made_due, already_due, hold_cancelled (being sent, held while it was: that hold cancelled),
+suspended, held (a bound token's retry of mail held by a hold it cannot
 release: `tenancy.releases`), not_selected: queued but not selected by the selector given
 with the ids, whose members that miss it `unmatched` names; not_found). A bounce of messages makes no standing rule: a
 duration with them is refused. A hold (`postsuper -h`) names messages by id always (a selector
@@ -77,7 +78,7 @@ from pigeon.listener.http.json_body import (
     require_json,
     unique_members,
 )
-from pigeon.message import Message, SpoolId, parse_id
+from pigeon.message import SpoolId, parse_id
 from pigeon.node.standing import GENERATION_HEADER
 from pigeon.queue.admin import Admin, new_rule_id
 from pigeon.queue.names import queue_name, queue_name_problem, queue_part_problem
@@ -464,14 +465,16 @@ def _beyond(bound_to: list[str] | None) -> Callable[[Rule], bool] | None:
     return lambda rule: not tenancy.reaches(tenants, rule)
 
 
-def _kept(bound_to: list[str] | None) -> Callable[[Message], bool] | None:
-    """The held messages a token bound to `bound_to` cannot release (`tenancy.releases`: the
-    operator's holds, or a token's bound to another tenant too), which its retry by id leaves
-    held (`Admin.retry`); None for a token bound to none (the operator), which releases them all."""
+def _kept(bound_to: list[str] | None) -> Callable[[list[str] | None], bool] | None:
+    """The holds a token bound to `bound_to` cannot release (`tenancy.releases`: the operator's,
+    or a token's bound to another tenant too), told by the binding of the token that held
+    (`Envelope.hold_bound_to`, or a hold's asked mid-attempt and not applied yet), which its
+    retry by id leaves held (`Admin.retry`); None for a token bound to none (the operator),
+    which releases them all."""
     if bound_to is None:
         return None
     tenants = frozenset(bound_to)
-    return lambda message: not tenancy.releases(tenants, message.envelope.hold_bound_to)
+    return lambda hold_bound_to: not tenancy.releases(tenants, hold_bound_to)
 
 
 def no_rule(kind: str, rule_id: str) -> tuple[int, Any]:

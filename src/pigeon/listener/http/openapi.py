@@ -630,11 +630,16 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
         {
             "made_due": "deferred (or held), due now",
             "already_due": "due already: waiting for its turn or a connection, or being sent",
+            "hold_cancelled": "being sent, and held (POST /api/v1/admin/hold) while it was: that hold, not applied "
+            "yet, is cancelled (in its row too), and what the attempt does not deliver is retried as usual",
             "suspended": "a suspension holds it: left held by it (held by an operator too: that hold is "
             "released, and the suspension holds it until its end or resume)",
             "held": "a token bound to tenants only: an operator's hold it cannot release holds it (one made by a "
-            "token bound to no tenant, or to another tenant too): left held, counted in on_hold",
-            "bounced": "a live standing bounce covers it: bounced as it comes due now",
+            "token bound to no tenant, or to another tenant too; or one asked while it was being sent, which then "
+            "holds it when that attempt ends): left held, counted in on_hold",
+            "bounced": "a live standing bounce covers it: bounced as it comes due now; or, being sent, it was "
+            "bounced (POST /api/v1/admin/bounce) while it was: a retry does not take a bounce back, and what that "
+            "attempt does not deliver is bounced when it ends",
             "not_selected": not_selected,
             "not_found": not_found,
         }
@@ -644,13 +649,14 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
         "made_due",
         doc="made_due: messages due now; suspended: matching messages a suspension holds, left held by it (those "
         "held for an operator too are released from that hold all the same: they go when it ends); bounced: "
-        "matching messages a live standing bounce covers, bounced as they come due now",
+        "matching messages a live standing bounce covers, bounced as they come due now, and those being sent that "
+        "an operator bounced meanwhile (bounced when that attempt ends)",
     )
     on_hold = {
         **count,
         "description": "Without messages: matching messages an operator held (POST /api/v1/admin/hold), left "
-        "held: only a retry of their ids releases them. With messages, from a token bound to tenants: those held "
-        "by a hold it cannot release (rows held). Absent: none",
+        "held (those being sent, held when their attempt ends): only a retry of their ids releases them. With "
+        "messages, from a token bound to tenants: those held by a hold it cannot release (rows held). Absent: none",
     }
     made_due["properties"]["on_hold"] = on_hold
     held_by_id = _object(
