@@ -85,6 +85,43 @@ class Operation:
 OPERATIONS = [Operation(name, end) for name in ("hold", "bounce") for end in ("stop", "crash")]
 
 
+async def ask_in_turn(
+    world: World, names: tuple[str, ...], end: str, call: Callable[[str], Callable[[Admin], Any]], choose: Chooser
+) -> list[AdminCall] | None:
+    """One order, up to the node's `end` (a stop or a crash): `choose` picks what goes next among
+    the world's completions, a tick of its timer while mail is due, and the operator's requests
+    `names` (`call` makes each), each once the one before answered; the end is offered once
+    every request was made. The requests made, or None for a redundant order."""
+    asked: list[AdminCall] = []
+    while True:
+        actions: list[tuple[Option, Any]] = [
+            (Option(repr(p), touches(world, p)), p) for p in sorted(world.pending, key=lambda p: p.order)
+        ]
+        following = names[len(asked)] if len(asked) < len(names) else None
+        if following is not None and (not asked or asked[-1].answered is not None):
+            actions.append((Option(f"admin {following}", None), following))
+        elif following is None:
+            actions.append((Option(end, None), "end"))
+        if world.due_waiting():
+            actions.append((Option("tick", None), "tick"))
+        index = choose([option for option, _ in actions])
+        if index is None:
+            return None
+        _, what = actions[index]
+        if isinstance(what, Pending):
+            await world.release(what)
+        elif what == "tick":
+            world.steps += 1
+            world.tick()
+            await world.quiesce()
+        elif what == "end":
+            return asked
+        else:
+            world.steps += 1
+            asked.append(world.start_admin(what, call(what)))
+            await world.quiesce()
+
+
 async def run(
     operation: Operation, answers: str, choose: Chooser, messages: int = 1, *, in_memory: bool = False
 ) -> World | None:
@@ -96,36 +133,14 @@ async def run(
         world.admin._settlement = _InMemoryMarks(world.settlement)  # type: ignore[assignment]
     recipients = {world.inject(r): r for r in RECIPIENTS[:messages]}
     await world.quiesce()
-    call: AdminCall | None = None
     noted: set[int] = set()  # messages whose commit had landed, unanswered, when the node died
     try:
-        while True:
-            actions: list[tuple[Option, Any]] = [
-                (Option(repr(p), touches(world, p)), p) for p in sorted(world.pending, key=lambda p: p.order)
-            ]
-            if call is None:
-                actions.append((Option(f"admin {operation.name}", None), "admin"))
-            else:
-                actions.append((Option(operation.end, None), "end"))
-            if world.due_waiting():
-                actions.append((Option("tick", None), "tick"))
-            index = choose([option for option, _ in actions])
-            if index is None:
-                return None
-            _, what = actions[index]
-            if isinstance(what, Pending):
-                await world.release(what)
-            elif what == "tick":
-                world.steps += 1
-                world.tick()
-                await world.quiesce()
-            elif what == "admin":
-                world.steps += 1
-                call = world.start_admin(operation.name, operation.call(list(recipients)))
-                await world.quiesce()
-            else:
-                break
-        assert call is not None
+        asked = await ask_in_turn(
+            world, (operation.name,), operation.end, lambda _: operation.call(list(recipients)), choose
+        )
+        if asked is None:
+            return None
+        (call,) = asked
         if operation.end == "crash":
             noted = {p.message for p in world.pending if p.kind == "answer" and p.message is not None}
         taken = world.accepted()

@@ -31,9 +31,9 @@ from pigeon.listener.http import tenancy
 from pigeon.message import HELD, SpoolId, format_id
 from pigeon.queue.admin import Admin
 from pigeon.queue.rules import Selector
-from tests.support.queue_world import AdminCall, Attempted, Pending, World
-from tests.unit.queue.test_interleavings import Chooser, Explorer, Option, random_orders, touches
-from tests.unit.queue.test_interleavings_stop import ANSWERS, RECIPIENTS, _answer, _run_to_the_end
+from tests.support.queue_world import Attempted, World
+from tests.unit.queue.test_interleavings import Chooser, Explorer, random_orders
+from tests.unit.queue.test_interleavings_stop import ANSWERS, RECIPIENTS, _answer, _run_to_the_end, ask_in_turn
 
 SITES = {"d1.test": "mx1.test", "d2.test": "mx2.test", "elsewhere.test": "mx3.test"}
 NEW_SITE, NEW_QUEUE, NEW_ROUTE = "mx3.test", "parked", "elsewhere.test"
@@ -65,35 +65,12 @@ async def run(operations: Operations, answers: str, choose: Chooser, messages: i
     world = World(answer=_answer(ANSWERS[answers])).build(SITES)
     recipients = {world.inject(r): r for r in RECIPIENTS[:messages]}
     await world.quiesce()
-    asked: list[AdminCall] = []
     try:
-        while True:
-            actions: list[tuple[Option, Any]] = [
-                (Option(repr(p), touches(world, p)), p) for p in sorted(world.pending, key=lambda p: p.order)
-            ]
-            following = operations.names[len(asked)] if len(asked) < len(operations.names) else None
-            if following is not None and (not asked or asked[-1].answered is not None):
-                actions.append((Option(f"admin {following}", None), following))
-            elif following is None:
-                actions.append((Option(operations.end, None), "end"))
-            if world.due_waiting():
-                actions.append((Option("tick", None), "tick"))
-            index = choose([option for option, _ in actions])
-            if index is None:
-                return None
-            _, what = actions[index]
-            if isinstance(what, Pending):
-                await world.release(what)
-            elif what == "tick":
-                world.steps += 1
-                world.tick()
-                await world.quiesce()
-            elif what == "end":
-                break
-            else:
-                world.steps += 1
-                asked.append(world.start_admin(what, operations.call(what, list(recipients))))
-                await world.quiesce()
+        asked = await ask_in_turn(
+            world, operations.names, operations.end, lambda name: operations.call(name, list(recipients)), choose
+        )
+        if asked is None:
+            return None
         world = await world.restarted(SITES, stop=operations.end == "stop")
         before = len(world.attempted)
         answered = {call.name: call.result for call in asked if call.answered is not None}
