@@ -82,7 +82,7 @@ def _parse(path: Path, data: bytes, algorithm: Algorithm) -> PrivateKey:
     except TypeError:
         raise KeyProblem(f"the key in {path} is encrypted; DKIM keys must be stored without a passphrase") from None
     except (ValueError, NotImplementedError) as error:
-        raise KeyProblem(f"{path} holds no PEM private key Pigeon can read ({error})") from None
+        raise KeyProblem(f"{path} holds no PEM private key Pigeon can read ({_without_links(error)})") from None
     if algorithm == "rsa-sha256":
         if not isinstance(key, rsa.RSAPrivateKey):
             raise KeyProblem(f"{path} holds {_a(_kind(key))} key, not the RSA key rsa-sha256 needs")
@@ -92,6 +92,17 @@ def _parse(path: Path, data: bytes, algorithm: Algorithm) -> PrivateKey:
     if not isinstance(key, ed25519.Ed25519PrivateKey):
         raise KeyProblem(f"{path} holds {_a(_kind(key))} key, not the Ed25519 key ed25519-sha256 needs")
     return key
+
+
+_SEE_LINK: Final = re.compile(r"\s*See \S+://\S+ for more details\.")
+
+
+def _without_links(error: Exception) -> str:
+    """The library's reason without its "See <URL> for more details." sentence: every message
+    is redacted before it is shown or logged, which masks a URL's fragment (it can carry a
+    token), so the link would be shown broken ("faq/#***"); the reason itself is about a file,
+    and helps without it."""
+    return _SEE_LINK.sub("", str(error)).strip() or type(error).__name__
 
 
 def generate_key(algorithm: Algorithm, bits: int = 2048) -> PrivateKey:

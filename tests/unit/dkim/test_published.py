@@ -1,0 +1,34 @@
+"""Reading a published DKIM key record and comparing it with a private key (`pigeon dkim check`)."""
+
+from __future__ import annotations
+
+import base64
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from pigeon.dkim.keys import generate_key, record_text
+from pigeon.dkim.published import Status, compare, key_record
+
+
+def test_a_record_is_read_as_verifiers_read_it() -> None:
+    assert key_record(" v = DKIM1 ; k=rsa; p = AB CD\t EF ") == {"v": "DKIM1", "k": "rsa", "p": "ABCDEF"}
+    assert key_record("v=spf1 -all") is None  # no p=
+    assert key_record("v=DKIM2; p=AAAA") is None
+    assert key_record("p=") == {"p": ""}
+
+
+def test_an_rsa_key_published_as_pkcs1_is_the_same_key() -> None:
+    key = generate_key("rsa-sha256", 1024)
+    assert isinstance(key, rsa.RSAPrivateKey)
+    pkcs1 = key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.PKCS1)
+    assert compare([f"v=DKIM1; p={base64.b64encode(pkcs1).decode()}"], key).status is Status.OK
+    assert compare(["v=DKIM1; p=not base64!"], key).status is Status.MISMATCH
+
+
+def test_one_matching_record_among_several_is_enough() -> None:
+    key, other = generate_key("ed25519-sha256"), generate_key("ed25519-sha256")
+    assert compare([record_text(other), record_text(key)], key).status is Status.OK
+    assert compare([record_text(other)], key).status is Status.MISMATCH
+    assert compare(["v=DKIM1; k=ed25519; p="], key).status is Status.REVOKED
+    assert compare(["hello"], key).status is Status.NO_RECORD
