@@ -477,7 +477,34 @@ def field(name: str, value: str, max_line: int = MAX_LINE) -> str:
         return _checked(
             _folded(name, [*words, f"<{list_id}>"]) if words else token_field(name, f"<{list_id}>"), max_line
         )
-    return header(name, value)
+    return text_field(name, value, max_line)
+
+
+def text_field(name: str, value: str, max_line: int = MAX_LINE) -> str:
+    """`Name: value` with CRLF, for an unstructured field a request gives by name (`X-...`,
+    `Comments`): printable ASCII as it is, so that a machine that reads it (a tracking or
+    feedback id) finds its text undecoded; anything else as `header` writes it (RFC 2047 words).
+
+    White space at either end is dropped (readers trim it, as relaxed DKIM canonicalization
+    does); the text's own spaces and tabs are kept, folded before white space where a line
+    would pass 76 octets, and a word longer than that goes on a line of its own (the first
+    too, as `token_field` puts it, when it would pass `max_line` beside the name). ValueError for a word that
+    cannot fit within `max_line` so: it cannot be folded, and an encoded word would hide it."""
+    stripped = value.strip(" \t")
+    # Text with "=?" could read back as an encoded word (RFC 2047 6.1) and be decoded into
+    # something else: `header` encodes it, as any text that is not printable ASCII.
+    if not _PLAIN_FIELD.fullmatch(stripped) or "=?" in stripped:
+        return header(name, value)
+    if not stripped:
+        return f"{name}: \r\n"
+    (_, first), *rest = re.findall(r"([ \t]*)([^ \t]+)", stripped)
+    lines = token_field(name, first, max_line).removesuffix("\r\n").split("\r\n")
+    for gap, word in rest:
+        if len(lines[-1]) + len(gap) + len(word) > _FOLD_AT:
+            lines.append(gap + word)
+        else:
+            lines[-1] += gap + word
+    return _checked("\r\n".join(lines) + "\r\n", max_line)
 
 
 _MAILBOX_LISTS: Final = frozenset({"from", "sender", "resent-from", "resent-sender", "disposition-notification-to"})

@@ -312,3 +312,52 @@ def test_through_a_two_worker_node_s_supervisor_it_is_an_injection_whose_413_is_
         assert (status, answer["field"]) == (413, "$"), answer
         [record] = pigeon.wait_records("Rejection", 1)
         assert (record["command"], record["auth_user"], record["response"]["code"]) == ("inject", "app", 413), record
+
+
+@pytest.mark.parametrize("name", ["html", "text"])
+def test_pigeon_s_own_part_name_is_refused_naming_the_member_sent_with_kumomta_s(
+    node: PigeonProcess, name: str
+) -> None:
+    """Found from outside: `content.html` here was refused naming `$.content.html_body`, a
+    member the client never sent (the refusal's path was renamed as one of Pigeon's own)."""
+    content = {"from": {"email": "news@example.org"}, "text_body": "x", "html": "<p>x</p>"}
+    if name == "text":
+        content = {"from": {"email": "news@example.org"}, "text": "x", "html_body": "<p>x</p>"}
+    request = {"envelope_sender": "bounces@example.org", "recipients": [{"email": "lou@k8.test"}], "content": content}
+    status, answer = node.http_post(PATH, request, TOKEN)
+    assert (status, answer["field"]) == (400, f"$.content.{name}"), answer
+    assert f"unknown field `{name}`" in answer["error"] and f"{name}_body" in answer["error"], answer
+
+
+@pytest.mark.parametrize("path", [PATH, "/api/v1/inject"])
+def test_a_cut_off_body_is_malformed_json_not_an_unknown_member(node: PigeonProcess, path: str) -> None:
+    """Found from outside: `{"a":` was answered "Object contains unknown field `a`" (msgspec
+    checks members as it parses), where other cut-off bodies said malformed JSON."""
+    status, answer = node.http_post(path, None, TOKEN, raw=b'{"a":')
+    assert (status, answer["field"]) == (400, "$"), answer
+    assert answer["error"].startswith("malformed JSON"), answer
+
+
+def test_an_ascii_header_value_goes_out_as_it_is_and_one_that_cannot_be_folded_is_refused(
+    node: PigeonProcess, sink: ScriptedSink
+) -> None:
+    """Found from outside: ASCII `headers` values went out as RFC 2047 words (a trailing space,
+    a long token), unreadable to the machine that reads them; the README says unstructured
+    text is written as it is, and what cannot be folded is refused naming the field."""
+    words = " ".join(f"w{n}=v{n};" for n in range(40))  # long: folded at its white space
+    headers = {"X-B": "short trailing ", "X-Track": "id=42;k=v  two\tblanks", "X-Words": words}
+    content = {"from": {"email": "news@example.org"}, "text_body": "x", "headers": headers}
+    request = {"envelope_sender": "bounces@example.org", "recipients": [{"email": "hdr@k9.test"}], "content": content}
+    status, answer = node.http_post(PATH, request, TOKEN)
+    assert (status, answer["success_count"]) == (200, 1), answer
+    data = _delivered(sink, "hdr@k9.test")["hdr@k9.test"].data
+    head = data.split(b"\r\n\r\n", 1)[0]
+    assert b"=?" not in head.replace(b"Subject: ", b""), head
+    assert b"\r\nX-B: short trailing\r\n" in head and b"\r\nX-Track: id=42;k=v  two\tblanks\r\n" in head, head
+    unfolded = head.split(b"\r\nX-Words: ", 1)[1].split(b"\r\nX-", 1)[0].split(b"\r\nMIME", 1)[0]
+    assert unfolded.replace(b"\r\n", b"") == words.encode() and b"\r\n " in unfolded, head
+    assert max(map(len, head.split(b"\r\n"))) <= 78, head
+    content["headers"] = {"X-D": "k=v;" * 300}  # 1200 octets with no white space to fold at
+    status, answer = node.http_post(PATH, request, TOKEN)
+    assert (status, answer["field"]) == (400, "$.content.headers.X-D"), answer
+    assert "cannot be folded" in answer["error"], answer

@@ -211,9 +211,12 @@ async def inject_through(request: web.Request, door: Door) -> web.Response:
     except web.HTTPClientError as refused:
         # Refused whole for its content or envelope (400, 413, 415): logged as SMTP logs a
         # refused command, so that an operator finds why an application's mail never came.
-        refused = _renamed(refused, door)
-        _log_refusal(request, refused, holder, session)
-        raise refused from None
+        renamed = _renamed(refused, door)
+        _log_refusal(request, renamed, holder, session)
+        raise renamed from None
+    except _NamedAsSent as sent:
+        _log_refusal(request, sent.refusal, holder, session)
+        raise sent.refusal from None
 
 
 def _renamed(refused: web.HTTPClientError, door: Door) -> web.HTTPClientError:
@@ -308,6 +311,11 @@ async def _inject(
     not_addresses: list[tuple[str, Reply]] = []
     try:
         parsed = door.decode(body)
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError, ComposeError) as error:
+        # Named as the client named it: the door's own path of a member it sent, not renamed
+        # as Pigeon's (KumoMTA's `$.content.html`, which it does not take, is no `html_body`).
+        raise _NamedAsSent(_refusal(body, error)) from None
+    try:
         if door.addresses_alone:
             kept: list[InjectRecipient] = []
             for recipient in parsed.recipients:
@@ -330,21 +338,8 @@ async def _inject(
         check_request(
             parsed, max_metadata_size=config.http.max_metadata_size, max_line_length=config.smtp.max_line_length
         )
-    except msgspec.ValidationError as error:
-        if (refused := _value_refusal(body, str(error))) is not None:
-            raise refused from None
-        raise _member_refusal(body, str(error)) from None
-    except msgspec.DecodeError as error:
-        if (surrogate := lone_surrogate(body)) is not None:  # msgspec says "truncated", naming no member
-            path, name = surrogate
-            raise bad_request(lone_surrogate_refusal(path, name=name), path) from None
-        raise bad_request(f"malformed JSON: {error}", "$") from None
-    except RecursionError:
-        # msgspec builds `substitutions` and `metadata` values with one C stack frame per
-        # level and stops at Python's recursion limit; before, this was a 500 and a traceback.
-        raise bad_request("JSON nested too deeply (about 1000 levels at most)", "$") from None
-    except ComposeError as error:
-        raise bad_request(str(error), error.field) from None
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError, ComposeError) as error:
+        raise _refusal(body, error) from None
     tenant_header, bound = config.delivery.tenant_header, tenants is not None
     composer = Composer(
         parsed,
@@ -805,6 +800,40 @@ _MEDIA_TYPE_FIELD: Final = re.compile(r"\$\.content\.attachments\[\d+\]\.content
 _MEMBER: Final = re.compile(r"(Object (?:contains unknown|missing required) field `([^`]*)`)(?: - at `(\$[^`]*)`)?")
 _MAP_VALUE: Final = re.compile(r"(.*) - at `(\$[^`]*)\[\.\.\.\]`")
 _PLAIN_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _refusal(
+    body: bytes, error: msgspec.ValidationError | msgspec.DecodeError | RecursionError | ComposeError
+) -> web.HTTPBadRequest:
+    """400 for a request that could not be read or checked, naming the member at fault."""
+    if isinstance(error, msgspec.ValidationError):
+        try:  # (msgspec validates as it parses: `{"a":` was "unknown field `a`", cut off as it is)
+            msgspec.json.decode(body)
+        except msgspec.DecodeError as malformed:
+            return _refusal(body, malformed)
+        except RecursionError:
+            pass
+        if (refused := _value_refusal(body, str(error))) is not None:
+            return refused
+        return _member_refusal(body, str(error))
+    if isinstance(error, msgspec.DecodeError):
+        if (surrogate := lone_surrogate(body)) is not None:  # msgspec says "truncated", naming no member
+            path, name = surrogate
+            return bad_request(lone_surrogate_refusal(path, name=name), path)
+        return bad_request(f"malformed JSON: {error}", "$")
+    if isinstance(error, RecursionError):
+        # msgspec builds `substitutions` and `metadata` values with one C stack frame per
+        # level and stops at Python's recursion limit; before, this was a 500 and a traceback.
+        return bad_request("JSON nested too deeply (about 1000 levels at most)", "$")
+    return bad_request(str(error), error.field)
+
+
+class _NamedAsSent(Exception):
+    """A refusal whose field is named as the door's request names it already: not renamed."""
+
+    def __init__(self, refusal: web.HTTPBadRequest) -> None:
+        super().__init__(refusal.text)
+        self.refusal = refusal
 
 
 def _member_refusal(body: bytes, error: str) -> web.HTTPBadRequest:

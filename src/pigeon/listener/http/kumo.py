@@ -158,12 +158,23 @@ _DIALECTS: Final = {None: True, "Jinja": True, "Static": False}
 # Pigeon's member names in a refusal, as this request names them.
 _RENAMED: Final = {"$.content.text": "$.content.text_body", "$.content.html": "$.content.html_body",
                    "$.template": "$.template_dialect"}  # fmt: skip
+_OWN_NAME: Final = re.compile(r"Object contains unknown field `(text|html)` - at `\$\.content`")
+"""msgspec's refusal of Pigeon's own name of a part (`text`, `html`) in KumoMTA's content."""
 _PIGEON_MEMBER: Final = re.compile(r"\$\.(?:content\.(?:text|html)|template)(?=$|[.\[])")
 
 
 def _decode(body: bytes) -> InjectRequest:
     """KumoMTA's request as Pigeon's: ComposeError naming what Pigeon does not do."""
-    kumo = _DECODER.decode(body)
+    try:
+        kumo = _DECODER.decode(body)
+    except msgspec.ValidationError as error:
+        # Pigeon's own names for the parts, which a client of both APIs may send here: said so.
+        if (own := _OWN_NAME.fullmatch(str(error))) is not None:
+            name = own.group(1)
+            raise ComposeError(
+                f"{error.args[0].partition(' - at ')[0]}: KumoMTA's names it {name}_body", f"$.content.{name}"
+            ) from None
+        raise
     if kumo.template_dialect not in _DIALECTS:
         raise ComposeError(
             f'template dialect {kumo.template_dialect!r} is not taken: Pigeon renders Jinja2 templates ("Jinja",'
