@@ -488,8 +488,9 @@ def text_field(name: str, value: str, max_line: int = MAX_LINE) -> str:
     White space at either end is dropped (readers trim it, as relaxed DKIM canonicalization
     does); the text's own spaces and tabs are kept, folded before white space where a line
     would pass 76 octets, and a word longer than that goes on a line of its own (the first
-    too, as `token_field` puts it, when it would pass `max_line` beside the name). ValueError for a word that
-    cannot fit within `max_line` so: it cannot be folded, and an encoded word would hide it."""
+    too, as `token_field` puts it, when it would pass `max_line` beside the name). A word no line
+    of `max_line` holds is written as `header` writes it, in RFC 2047 words, which fold anywhere:
+    taken and read back whole, as a lowered `[smtp] max_line_length` has always taken it."""
     stripped = value.strip(" \t")
     # Text with "=?" could read back as an encoded word (RFC 2047 6.1) and be decoded into
     # something else: `header` encodes it, as any text that is not printable ASCII.
@@ -504,7 +505,9 @@ def text_field(name: str, value: str, max_line: int = MAX_LINE) -> str:
             lines.append(gap + word)
         else:
             lines[-1] += gap + word
-    return _checked("\r\n".join(lines) + "\r\n", max_line)
+    if max(len(line) for line in lines) > max_line:
+        return header(name, value)
+    return "\r\n".join(lines) + "\r\n"
 
 
 _MAILBOX_LISTS: Final = frozenset({"from", "sender", "resent-from", "resent-sender", "disposition-notification-to"})

@@ -340,7 +340,7 @@ def test_what_the_composer_writes_passes_the_content_check_at_any_max_line_lengt
         "subject": subject,
         "text": text,
         "html": html,
-        "headers": {(name := "X-Long-Header-Name-" + "n" * 40): header_value},
+        "headers": {"X-Long-Header-Name-" + "n" * 40: header_value},
         "attachments": attachments,
     }
     recipient = {"email": addresses[1], "name": to_name}
@@ -348,19 +348,7 @@ def test_what_the_composer_writes_passes_the_content_check_at_any_max_line_lengt
     body = {"envelope_sender": "a@example.org", "recipients": [recipient], "content": parts, "tenant": tenant}
     body["template"] = False  # (the text as it is: rendering is not what is tested)
     request = DECODE.decode(msgspec.json.encode(body))
-    try:
-        check_request(request, max_line_length=max_line)
-    except ComposeError as error:
-        refused = error
-    else:
-        refused = None
-    if refused is not None:
-        # An ASCII header value goes as it is: a word of it that fits no line is refused, not
-        # made an encoded word (test_http_inject_kumomta's ASCII header test); the rest is tested.
-        assert (refused.field, "cannot be folded" in str(refused)) == (f"$.content.headers.{name}", True), refused
-        parts["headers"] = {name: "v"}
-        request = DECODE.decode(msgspec.json.encode(body))
-        check_request(request, max_line_length=max_line)
+    check_request(request, max_line_length=max_line)
     hostname = "mx." + "h" * 49  # the longest the configuration lets through at 78 (pigeon.config.load)
     composer = Composer(request, hostname, "X-Tenant", "X-Campaign", max_line_length=max_line)
     data = composer.compose(request.recipients[0]).data
