@@ -194,6 +194,7 @@ class ServerSession:
         self.recipients = 0
         """Mailboxes taken in this transaction: what max_recipients bounds."""
         self._mailboxes: set[str] = set()  # their `_mailbox` keys
+        self._last_mailbox: tuple[str, str] | None = None
         self.messages = 0
         self.errors = 0
         self.commands = 0
@@ -603,9 +604,13 @@ class ServerSession:
     def _mailbox(self, recipient: str) -> str:
         """What names one mailbox however a RCPT writes it, as the intake's duplicate filter
         and an injection's find a repeat (`same_mailbox_key`); every postmaster of ours is one."""
-        if is_postmaster(recipient, self.config.hostname):
-            return "postmaster"
-        return same_mailbox_key(recipient)
+        # Each RCPT asks twice, as it is read and as it is accepted: the last answer is kept.
+        last = self._last_mailbox
+        if last is not None and last[0] == recipient:
+            return last[1]
+        key = "postmaster" if is_postmaster(recipient, self.config.hostname) else same_mailbox_key(recipient)
+        self._last_mailbox = (recipient, key)
+        return key
 
     # --- DATA ----------------------------------------------------------------------------
     def _read_data(self) -> bool:
