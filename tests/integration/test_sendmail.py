@@ -20,7 +20,7 @@ from tests.support.ports import free_port
 from tests.support.process import PigeonProcess, to_toml
 from tests.support.sinks import Received, ScriptedSink, delivery_config, wait_until
 
-_POLICY = """
+POLICY = """
 from pigeon.policy import Refuse
 
 def on_rcpt_to(rcpt):
@@ -41,7 +41,7 @@ def sink() -> Iterator[ScriptedSink]:
 @pytest.fixture(scope="module")
 def node(sink: ScriptedSink, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PigeonProcess]:
     root = tmp_path_factory.mktemp("node")
-    (root / "sendmail_policy.py").write_text(_POLICY)
+    (root / "sendmail_policy.py").write_text(POLICY)
     with PigeonProcess(root, policy={"module": "sendmail_policy"}, **delivery_config(sink.endpoint)) as pigeon:
         yield pigeon
 

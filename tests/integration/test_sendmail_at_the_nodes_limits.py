@@ -8,32 +8,18 @@ refused naming it."""
 
 from __future__ import annotations
 
-import os
 import re
 import smtplib
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from pigeon.logs.peer_text import shown
+from tests.integration.test_sendmail import POLICY, sendmail
 from tests.support.process import PigeonProcess
 from tests.support.sinks import Received, ScriptedSink, delivery_config, wait_until
 
 LIMIT = 20 * 1024
-
-_POLICY = """
-from pigeon.policy import Refuse
-
-def on_rcpt_to(rcpt):
-    if rcpt.recipient.startswith("no@"):
-        return Refuse(550, "no such user here")
-    if rcpt.recipient.startswith("later@"):
-        return Refuse(451, "not now")
-    return None
-"""
 
 
 @pytest.fixture(scope="module")
@@ -45,17 +31,11 @@ def sink() -> Iterator[ScriptedSink]:
 @pytest.fixture(scope="module")
 def node(sink: ScriptedSink, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PigeonProcess]:
     root = tmp_path_factory.mktemp("node")
-    (root / "sendmail_policy.py").write_text(_POLICY)
+    (root / "sendmail_policy.py").write_text(POLICY)
     sections = delivery_config(sink.endpoint)
     smtp = {"max_message_size": "20KiB", "max_recipients": 5}
     with PigeonProcess(root, smtp=smtp, policy={"module": "sendmail_policy"}, **sections) as pigeon:
         yield pigeon
-
-
-def sendmail(config: Path, *args: str, message: bytes) -> subprocess.CompletedProcess[bytes]:
-    env = {**os.environ, "PIGEON_CONFIG": str(config)}
-    command = [sys.executable, "-m", "pigeon", "sendmail", *args]
-    return subprocess.run(command, input=message, capture_output=True, timeout=60, env=env)
 
 
 def all_arrived(sink: ScriptedSink, marker: bytes, recipients: int) -> list[Received]:
