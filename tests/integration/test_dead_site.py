@@ -155,3 +155,50 @@ def test_pool_mail_is_given_a_source_that_finds_the_site_up_while_another_finds_
             failures = pigeon.records("TransientFailure")
     assert sorted(r for m in received for r in m.recipients) == [f"r{n}@one.test" for n in range(6)]
     assert [f["recipient"] for f in failures] == ["first@one.test"]  # none given v6 and deferred
+
+
+def test_a_site_is_not_down_while_a_host_was_left_untried_for_a_dns_lookup_that_failed(tmp_path: Path) -> None:
+    """Found from outside: the first MX host refused the connection and the lookup of the
+    second timed out; the site was taken down (`is down`, `attempt` 0), and the reason named
+    only the lookup. The second host was never tried: nothing says the site is down, so the
+    attempt counts, and its reason names both what the first host did and why the second was
+    not tried. A host the DNS says has no address (NXDOMAIN) proves nothing either way: the
+    site whose other hosts refuse the connection is down."""
+    port = free_port()  # nothing listens there on 127.78.0.9: refused
+    zone = Zone(
+        {
+            "dd.test": [("MX", 10, "mxdown.test"), ("MX", 20, "mxslow.test")],
+            "gone.test": [("MX", 10, "mxdown.test"), ("MX", 20, "mxgone.test")],
+            "mxdown.test": [("A", "127.78.0.9")],
+        },
+        delays={"mxslow.test": (5.0, 5.0)},  # (past [dns] timeout: no answer in time)
+    )
+    settings = {"enabled": True, "smtp_port": port, "retry_interval": "1h", "dsn": False, "tls": "disabled"}
+    with (
+        DnsServer(zone) as dns,
+        PigeonProcess(
+            tmp_path / "node",
+            delivery=settings,
+            dns={"nameservers": [dns.endpoint], "timeout": "1s"},
+            mta_sts={"enabled": False},
+        ) as pigeon,
+    ):
+        _send(pigeon, "x@dd.test")
+        [failure] = pigeon.wait_records("TransientFailure", 1)
+        refused = f"cannot connect to mxdown.test [127.78.0.9]:{port}: Connection refused"
+        unresolved = "mxslow.test not tried: DNS lookup of AAAA mxslow.test failed: LifetimeTimeout"
+        assert failure["attempt"] == 1, failure
+        assert (failure["response"]["code"], failure["response"]["enhanced"]) == (451, "4.4.1"), failure
+        assert failure["response"]["text"] == f"{refused}; {unresolved}", failure
+        assert _attempts(pigeon) == [1]
+        [message] = pigeon.spool_messages()
+        status, shown = pigeon.http_call("GET", f"/api/v1/messages/{message['id']}", token=pigeon.local_token)
+        assert status == 200 and shown["last_response"] == f"451 4.4.1 {refused}; {unresolved}", shown
+
+        _send(pigeon, "y@gone.test")
+        pigeon.wait_stderr(f"site mxdown.test,mxgone.test:{port} is down")
+        [_, down] = pigeon.wait_records("TransientFailure", 2)
+        assert down["attempt"] == 0, down
+        gone = "mxgone.test not tried: domain mxgone.test does not exist (NXDOMAIN)"
+        assert down["response"]["text"] == f"{refused}; {gone}", down
+        assert "mxdown.test,mxslow.test" not in pigeon.stderr()  # (that site never went down)

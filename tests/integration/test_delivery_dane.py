@@ -182,6 +182,31 @@ def test_a_host_whose_tlsa_lookup_fails_is_skipped(tmp_path: Path) -> None:
         assert len(skipped.connections) == before and not skipped.received
 
 
+def test_a_host_whose_tlsa_lookup_fails_leaves_the_site_up_when_the_other_refuses_the_connection(
+    tmp_path: Path,
+) -> None:
+    """Found from outside (for a host whose address lookup failed): the host skipped for its
+    TLSA lookup may be the one that is up, so the other's refused connection does not take the
+    site down; the attempt counts, and its reason names both."""
+    port = free_port()
+    first, second = self_signed("mx1.example.net"), self_signed("mx2.example.net")
+    zone = _zone(
+        port,
+        (10, "mx1.example.net", "127.78.0.11", [first.tlsa(3, 1, 1)]),
+        (20, "mx2.example.net", "127.78.0.12", [second.tlsa(3, 1, 1)]),  # (nothing listens: refused)
+    )
+    zone.servfail.add(f"_{port}._tcp.mx1.example.net")
+    with DnsServer(zone) as dns, _node(tmp_path, dns, port) as pigeon:
+        _send(pigeon)
+        [failure] = pigeon.wait_records("TransientFailure", 1)
+        text = failure["response"]["text"]
+        assert failure["attempt"] == 1, failure
+        assert text.startswith(f"cannot connect to mx2.example.net [127.78.0.12]:{port}: Connection refused; "), text
+        assert f"; DANE: TLSA lookup of _{port}._tcp.mx1.example.net failed (" in text, text
+        assert text.endswith("mx1.example.net not used (RFC 7672 2.2)"), text
+        assert "is down" not in pigeon.stderr()
+
+
 def test_a_host_with_tlsa_records_that_offers_no_starttls_is_refused(tmp_path: Path) -> None:
     port = free_port()
     zone = _zone(port, (10, "mx1.example.net", "127.0.0.2", [self_signed("mx1.example.net").tlsa(3, 1, 1)]))

@@ -96,7 +96,8 @@ class ClientOptions:
 class ConnectFailed(Exception):
     """No hop of the destination could be used. `reply` is the last reason; `site_down`
     says that no host took a connection at all (each refused it or timed out), as opposed
-    to a host that answered and would not do (a 421, a failed TLS handshake). `peer` is that
+    to a host that answered and would not do (a 421, a failed TLS handshake), or one left
+    untried for a lookup (of its addresses, of its TLSA records) that failed for now. `peer` is that
     host, when one answered (as `ClientConnection.peer` names it), and `tls` its TLS, when
     it was on TLS by then: a record of the failure names them as a delivery's would.
     `greeted`: that host greeted with 220 (a session began; `[delivery] mx_session_limit`).
@@ -518,8 +519,9 @@ class ClientConnection:
         that just answered 4xx: `smtp_agent` tries another, `sessions` being those it had),
         nor a host one of whose addresses is one of this node's listeners (`own`): mail sent
         there would loop. Raises ConnectFailed with the last reason (a permanent `550 5.4.4`
-        when the DNS said of every MX host that it has no address); LoopsBack if every hop
-        is this node.
+        when the DNS said of every MX host that it has no address; after what the hosts tried
+        did, why the others were not), `site_down` unless a host took the connection or was
+        left untried for a lookup that failed for now; LoopsBack if every hop is this node.
 
         Within the limits, as Postfix's `smtp_mx_address_limit` and `smtp_mx_session_limit`:
         at most `mx_address_limit` addresses are tried, each once (an address several hosts
@@ -548,6 +550,11 @@ class ClientConnection:
         # MX hosts the DNS said have no address (NXDOMAIN, neither A nor AAAA): host -> why.
         # When that is every host, no retry reaches the domain (see the end).
         not_found: dict[str, str] = {}
+        # Hosts not tried for a lookup (of addresses, or DANE's TLSA) that failed, and why: each
+        # named after the failure of the hosts that were tried. One whose lookup failed for now
+        # (a timeout, SERVFAIL, a TLSA lookup) may be the host that is up: the site is not down.
+        untried: list[str] = []
+        unresolved = False
         first = avoid is None and sessions == 0  # (not `smtp_agent`'s move to another host)
         if sts is not None and _REFUSED_BY_POLICY and sts.enforced:
             hops = _refused_last(sts, hops)
@@ -565,9 +572,13 @@ class ClientConnection:
                 else:
                     addresses = await resolver.addresses(hop.host)
             except DnsFailure as error:
-                last = ConnectFailed(Reply(451, "4.4.3", (f"{hop.host}: {error.reply.text}",)))
+                if not tried:  # (a host that was tried says more: this one is named after it)
+                    last = ConnectFailed(Reply(451, "4.4.3", (f"{hop.host}: {error.reply.text}",)))
+                untried.append(f"{hop.host} not tried: {error.reply.text}")
                 if error.not_found:
                     not_found[hop.host] = error.reply.text
+                else:
+                    unresolved = True
                 spent += 1
                 done.append(f"{hop.host} (no address)")
                 elsewhere = True
@@ -588,7 +599,10 @@ class ClientConnection:
                 except LookupFailed as failed:
                     # RFC 7672 2.2: a TLSA lookup that failed (perhaps a bogus answer) makes the
                     # host unusable for now, never one to reach without DANE.
-                    last = ConnectFailed(failed.reply)
+                    if not tried:
+                        last = ConnectFailed(failed.reply)
+                    untried.append(failed.reply.text)  # (it names the host, and says it was not used)
+                    unresolved = True
                     spent += 1
                     done.append(f"{hop.host} (TLSA lookup failed)")
                     if counts is not None:
@@ -702,6 +716,18 @@ class ClientConnection:
             raise ConnectFailed(
                 Reply(550, "5.4.4", (f"host or domain name not found: no MX host has an address: {said}",))
             )
+        if tried and untried:
+            # What the hosts tried did, then why the others were not tried: the reply, the
+            # message's last_response and its DSN name both (the lookup alone hid a refused
+            # connection, the connection alone a host that may be the one up).
+            reply = last.reply
+            note = "; ".join(untried)
+            last = ConnectFailed(
+                Reply(reply.code, reply.enhanced, (*reply.lines[:-1], f"{reply.lines[-1]}; {note}")),
+                peer=last.peer,
+                tls=last.tls,
+                server=last.server,
+            )
         if cut:
             # Hosts were left untried: no verdict on the site's mail, whatever the last said.
             reply = last.reply if 400 <= last.reply.code < 500 else Reply(451, "4.4.1", last.reply.lines)
@@ -717,9 +743,10 @@ class ClientConnection:
             )
         if looped is not None and not elsewhere and not cut:
             raise LoopsBack(destination.site, looped)
-        raise ConnectFailed(
-            last.reply, site_down=tried and not connected, peer=last.peer, tls=last.tls, server=last.server
-        )
+        # Down: no host took the connection, and none was left untried but for the DNS saying
+        # it has no address (which no retry soon changes; see the README's "Dead sites").
+        down = tried and not connected and not unresolved
+        raise ConnectFailed(last.reply, site_down=down, peer=last.peer, tls=last.tls, server=last.server)
 
     @classmethod
     async def _open_one(
