@@ -1,7 +1,8 @@
 """Dead sites: a destination none of whose hosts takes a connection is backed off as a whole.
 
 When a connection to a site fails because every host refused it or timed out (not a 421, a
-TLS failure or a DNS error: `Unreachable.site_down`), the site is *down*. Its mail is then
+TLS failure, nor while a host was left untried for a DNS lookup that failed for now:
+`Unreachable.site_down`), the site is *down*. Its mail is then
 not tried message by message: the dispatcher defers the message that connection was for
 with that failure, and what else waits for the site with `451 4.4.1 not tried: <site> is
 down` (keeping that failure as their `last_response`: an expiry names it), none of them
