@@ -14,8 +14,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from tests.integration.test_reload import _hangup
 from tests.support.dns import DnsServer, Zone
-from tests.support.process import PigeonProcess, free_port
+from tests.support.process import PigeonProcess, free_port, to_toml
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
 
 MESSAGE = b"From: <sender@example.org>\r\nSubject: dead site\r\n\r\nHello.\r\n"
@@ -202,3 +205,68 @@ def test_a_site_is_not_down_while_a_host_was_left_untried_for_a_dns_lookup_that_
         gone = "mxgone.test not tried: domain mxgone.test does not exist (NXDOMAIN)"
         assert down["response"]["text"] == f"{refused}; {gone}", down
         assert "mxdown.test,mxslow.test" not in pigeon.stderr()  # (that site never went down)
+
+
+@pytest.mark.parametrize("max_active", [10_000, 2], ids=["in-memory-room", "max-active-2"])
+def test_a_reload_that_routes_a_dead_sites_mail_elsewhere_sends_what_waited_for_its_probe_at_once(
+    tmp_path: Path, max_active: int
+) -> None:
+    """Found from outside: mail deferred `not tried: <site> is down` went on waiting for the old
+    site's probe (a minute, then more) after a SIGHUP had routed its domain to a host that
+    works, and the old site's empty ready queue stayed listed as down; only `pigeon retry`
+    sent it. What waits for the dead site's probe goes at the reload (read from the spool rows,
+    more of them than `max_active` too); what a real attempt deferred keeps its own retry
+    (`pigeon retry --domain` brings it), and the old row goes."""
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    with ScriptedSink() as first, ScriptedSink() as sink:
+        first.rcpt_reply = lambda address: "451 4.2.0 try later" if address.startswith("tried") else None
+        # The site's probe is a minute away, each message's own retry an hour.
+        config = delivery_config(
+            first.endpoint,
+            retry_interval="1h",
+            site_retry_interval="1m",
+            max_site_retry_interval="10m",
+            max_active=max_active,
+        )
+        config["route"] = [
+            {"domain": "defer.test", "next_hop": dead, "tls": "disabled"},
+            {"domain": "tried.test", "next_hop": first.endpoint, "tls": "disabled"},
+        ]
+        with PigeonProcess(tmp_path / "node", **config) as pigeon:
+            _send(pigeon, "w@defer.test")
+            pigeon.wait_stderr(f"site {dead} is down")
+            waiting = ["w@defer.test"] + [f"v{n}@defer.test" for n in range(3)]
+            for recipient in waiting[1:]:
+                _send(pigeon, recipient)  # comes while it is down: deferred "not tried"
+            _send(pigeon, "tried@tried.test")  # tried, and deferred by its host: its own retry, 1h
+            failures = pigeon.wait_records("TransientFailure", 5)
+            assert {f["recipient"]: f["attempt"] for f in failures} == {
+                **dict.fromkeys(waiting, 0),
+                "tried@tried.test": 1,
+            }
+            assert _ready_rows(pigeon)[dead]["down"] is True
+
+            for route in pigeon.config["route"]:
+                route["next_hop"] = sink.endpoint
+            pigeon.config_path.write_text(to_toml(pigeon.config))
+            reloaded = time.monotonic()
+            _hangup(pigeon, "reloaded:")
+            arrived = sink.wait_for(4, timeout=15)
+            assert time.monotonic() - reloaded < 15  # not at the old site's probe, a minute on
+            assert sorted(r for m in arrived for r in m.recipients) == sorted(waiting)
+            deliveries = pigeon.wait_records("Delivery", 4)
+            assert {(d["recipient"], d["site"], d["attempt"]) for d in deliveries} == {
+                (recipient, sink.endpoint, 1) for recipient in waiting
+            }
+            pigeon.wait_stderr("waited for the probe of a site down made due now")
+            # The old site's queue, empty and no route's any more, is not listed as down for ever.
+            assert wait_until(lambda: dead not in _ready_rows(pigeon), timeout=10)
+
+            # The message a real attempt deferred keeps its own schedule ...
+            time.sleep(1)
+            assert [r for m in sink.received for r in m.recipients if r.startswith("tried")] == []
+            assert _attempts(pigeon) == [1]
+            # ... and `pigeon retry --domain` brings it now.
+            pigeon.cli("retry", "--domain", "tried.test")
+            sink.wait_for(5, timeout=10)
+            assert wait_until(lambda: pigeon.spool_messages() == [])

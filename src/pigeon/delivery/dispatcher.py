@@ -56,7 +56,9 @@ not, the message it was for is deferred with its failure and the rest "not tried
 next probe, twice as far off. Each message deferred "not tried" keeps the site's last
 connection error as its `last_response` (`Attempt.cause`): what `pigeon inspect` and an
 expiry's DSN name is why the site is down, not only that it is. An operator's retry
-makes every down site's probe due now (`probe_down_sites`): the host may be back.
+makes every down site's probe due now (`probe_down_sites`): the host may be back. A reload
+that routes a domain elsewhere makes its mail deferred to a probe due now, and forgets a
+down site no route leads to any more (`pigeon.node.outbound.Outbound.take_routes`).
 
 A smart host that refuses a route's credentials (`Unreachable.authentication`: a wrong
 password, AUTH it does not offer) is held the same way, under the site and the route's user

@@ -95,6 +95,18 @@ class SiteHealth:
                 due.append(site)
         return due
 
+    def forget(self, site: str) -> bool:
+        """No route leads to `site` any more (a reload): it is no longer held down, so its
+        empty ready queues are not kept and listed as down for a probe no mail will ever
+        make. A site whose probe is under way is kept (its verdict is on its way). True if it
+        was down. (Were mail to come for it after all, its first connection finds it down
+        again at no attempt's cost, as the first one did.)"""
+        down = self._down.get(site)
+        if down is None or down.probing:
+            return False
+        del self._down[site]
+        return True
+
     def abandoned(self, site: str) -> None:
         """The probe never opened a connection (no slot free, nothing left to send, a stop):
         the next connection asked for probes instead."""

@@ -44,6 +44,7 @@ from pigeon.policy.hooks import Policy
 from pigeon.queue.pacing import QueueRates
 from pigeon.queue.policy import PoolChooser, QueuePolicies, QueuePolicy, QueueRule, egress_pool
 from pigeon.queue.retry import RetryPolicy
+from pigeon.queue.scheduler import route_key
 from pigeon.shaping.effects import Board
 from pigeon.shaping.gcra import Rate
 from pigeon.shaping.reactions import Reactions, shipped_provider_of
@@ -238,8 +239,15 @@ class Outbound:
     def take_routes(self, routes: list[Route]) -> None:
         """The `[[route]]`s of a reload, from now on. Mail already waiting for a route that
         changed (next hop, TLS settings: its ready queue) is routed again, so that none rides
-        a connection opened under the old route (a route that now requires TLS, say)."""
+        a connection opened under the old route (a route that now requires TLS, say); so is
+        mail of such a route deferred, untried, to the probe of a site found down: made due
+        now (`_make_due_rerouted`), not at a probe of a site it may no longer go to. A down
+        site no route leads to any more is forgotten: nothing is left to probe it."""
         before = {(r.next_hop, r.auth.username): r.auth for r in self.router.routes if r.auth and r.next_hop}
+        hops_before = {host_port(r.next_hop.host, r.next_hop.port) for r in self.router.routes if r.next_hop}
+        health, now = self.dispatcher.health, self._clock()
+        # When each down site's mail is due: its probe's time, to which it was deferred.
+        probes = [now + health.until_probe(site) for site in health.down_sites() if not health.probing(site)]
         changed = self.router.replace(routes)
         for route in routes:
             # A smart host held for refusing the old password gets the new one at once.
@@ -253,6 +261,36 @@ class Outbound:
         moved = self.scheduler.reroute(changed)
         if moved:
             _log.info("reload: %d waiting messages routed again by the new [[route]]s", moved)
+        gone = hops_before - {host_port(r.next_hop.host, r.next_hop.port) for r in routes if r.next_hop}
+        for key in health.down_sites():
+            if key.rpartition("->")[2] in gone and health.forget(key):  # (`source->site` for a [[source]]'s path)
+                _log.info("reload: site %s was down, and no [[route]] leads there any more: no longer probed", key)
+        if probes:
+            self._make_due_rerouted(probes, changed)
+
+    def _make_due_rerouted(self, probes: list[float], changed: Callable[[str, str | None], bool]) -> None:
+        """The spool's mail whose route `changed` that waits for a down site's probe (due at
+        one of `probes`) is due now, to be routed afresh: the admin's retry does it, as
+        `pigeon retry` would (the walk acts on rows not held in memory, and leaves what the
+        scheduler or a connection holds to them)."""
+
+        def rerouted(message: Message) -> bool:
+            return changed(*route_key(message))
+
+        task = asyncio.ensure_future(self.admin.retry_waiting_for_probes(probes, rerouted))
+        self._background.add(task)
+        task.add_done_callback(self._rerouted_made_due)
+
+    def _rerouted_made_due(self, task: asyncio.Future[int]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            _log.error("making due the mail a reload routed away from a site down failed: %s", error, exc_info=error)
+        elif not task.cancelled() and task.result():
+            made_due = task.result()
+            said = "1 message" if made_due == 1 else f"{made_due} messages"
+            _log.info("reload: %s that waited for the probe of a site down made due now, to go by the new "
+                      "[[route]]s (mail a real attempt deferred keeps its own retry: `pigeon retry --domain D` "
+                      "brings it now)", said)  # fmt: skip
 
     def _make_due_held(self, when: float) -> None:
         """The mail a lifted hold deferred to its probe (due at `when`) is due now."""

@@ -784,6 +784,28 @@ class Admin:
         kind = "retry after a hold was lifted" if untried else "retry after a suspension ended"
         return await self._make_due(Selector(), deferred_then, kind, None)
 
+    async def retry_waiting_for_probes(
+        self, probes: Collection[float], rerouted: Callable[[Message], bool], *, margin: float = 1.0
+    ) -> int:
+        """A reload changed the routes: make due now the deferred messages that `rerouted` says
+        go elsewhere now and that wait only for the probe of a site found down, due at one of
+        `probes` (within `margin` seconds; held mail is not). Mail of a down site is deferred,
+        untried, to its next probe (`pigeon.delivery.sites`): routed afresh now, it goes where
+        its new route says, not after a probe of a site it no longer goes to. A message a real
+        attempt deferred keeps its own retry (unless it happens to fall in the same instant:
+        one attempt sooner). How many were made due."""
+        now = self._clock()
+        times = sorted(when for when in probes if when - margin > now)  # (one due then: due anyway)
+        if not times:
+            return 0
+
+        def waiting_for_probe(message: Message) -> bool:
+            if message.envelope.held is not None or not rerouted(message):
+                return False
+            return any(abs(message.due - when) <= margin for when in times)
+
+        return await self._make_due(Selector(), waiting_for_probe, "retry after a reload changed the routes", None)
+
     async def _make_due(
         self,
         selector: Selector,

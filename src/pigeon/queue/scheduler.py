@@ -20,7 +20,9 @@ ready queues (one a reaction's suspension holds there names it: `holding`).
 
 A reload that changes the routes (`reroute`) routes again what waits for a route that
 changed, in a ready queue or taken and not begun: a ready queue is a site under a TLS policy,
-and its connections must not carry mail whose route now says otherwise.
+and its connections must not carry mail whose route now says otherwise. (What of it waits in
+the spool for the probe of a site found down is made due by the reload too, through the
+admin's retry: `pigeon.node.outbound`, `Admin.retry_waiting_for_probes`.)
 
 A message whose route is reserved for other tenants (`[[route]] tenants`) is not made ready:
 it bounces, 550 5.7.1 and a DSN, as mail for a domain that cannot be routed does
@@ -429,8 +431,12 @@ class Scheduler:
         self._ready.enqueue(entry, destination, source)
 
 
-def _route_key(entry: Entry) -> tuple[str, str | None]:
+def route_key(message: Message) -> tuple[str, str | None]:
     """What a message is routed by: its routing domain (its recipients' unless rebound), and
     its [[inbound]] target, if it has one."""
-    envelope = entry.message.envelope
+    envelope = message.envelope
     return envelope.routing_domain or envelope.recipients[0].domain, envelope.target
+
+
+def _route_key(entry: Entry) -> tuple[str, str | None]:
+    return route_key(entry.message)

@@ -3,20 +3,24 @@ per interval, and everything flowing again once a probe connects."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 from pigeon.delivery.agent import Agent, Unreachable
 from pigeon.delivery.routes import Destination
 from pigeon.delivery.sites import SiteHealth
+from pigeon.message import Message
 from pigeon.queue.rules import Selector
+from pigeon.queue.scheduler import route_key
 from pigeon.shaping.rules import Shaping
 from pigeon.smtp.replies import Reply
-from tests.support.queue_world import FakeClock, World
+from tests.support.queue_world import OK, Attempted, FakeClock, World
 from tests.unit.conftest import MakeWorld
 
 SITES = {"d1.test": "mx1.test", "d2.test": "mx2.test"}
 REFUSED = Reply(451, "4.4.1", ("cannot connect to mx1.test [192.0.2.1]:25: Connection refused",))
 NOT_TRIED = "not tried: mx1.test is down"
+TRY_LATER = Reply(451, "4.2.0", ("try later",))
 
 
 class _DeadUntilRevived:
@@ -382,3 +386,65 @@ async def test_an_operators_retry_probes_a_down_site_even_if_the_scheduler_reads
     assert opener.tries == ["mx1.test"] * 2  # the failure, then the probe the retry made due
     assert sorted(d.recipient for d in world.logged("Delivery")) == [f"r{n}@d1.test" for n in range(3)]
     assert not world.spool.rows
+
+
+def _by_recipient(world: World) -> dict[str, Message]:
+    """The spool's messages, by their (one) recipient."""
+    messages = [world.spool.get(spool_id) for spool_id in world.spool.rows]
+    return {m.envelope.recipients[0].address: m for m in messages if m is not None}
+
+
+async def test_a_reload_makes_due_the_mail_of_a_changed_route_waiting_for_a_down_sites_probe_and_no_other(
+    make_world: MakeWorld,
+) -> None:
+    holder: list[World] = []
+    opener = _DeadUntilRevived(holder)
+    sites = {**SITES, "d4.test": "mx1.test"}  # (d4's route does not change: it still goes to mx1, down)
+
+    def answer(world: World, seen: Attempted) -> list[Reply]:
+        return [TRY_LATER if r.startswith("tried") else OK for r in seen.recipients]
+
+    world = make_world(sites, list(sites), opener=opener, retry_interval=10.0, answer=answer)
+    holder.append(world)
+    for recipient in ["r0@d1.test", "r1@d1.test", "s@d4.test", "tried@d2.test"]:
+        world.inject([recipient])
+    await world.release_all()
+    assert world.dispatcher.site_down("mx1.test")
+    own_retry = {address: message.due for address, message in _by_recipient(world).items()}
+    probe = world.clock() + world.dispatcher.health.until_probe("mx1.test")
+    assert own_retry["tried@d2.test"] < probe  # its own retry, 10 s on; the others wait for the probe
+
+    world.clock.now += 5  # a reload: d1 and d2 now go elsewhere (mx2, which works)
+    world.routes.sites = {**sites, "d1.test": "mx2.test"}
+    world.routes.cache.clear()
+    moved = {"d1.test", "d2.test"}
+    made_due = asyncio.ensure_future(
+        world.admin.retry_waiting_for_probes([probe], lambda message: route_key(message)[0] in moved)
+    )
+    await world.release_all()
+    assert made_due.result() == 2
+    world.tick()
+    await world.release_all()
+
+    delivered = world.logged("Delivery")
+    assert sorted((d.recipient, d.site, d.attempt) for d in delivered) == [
+        ("r0@d1.test", "mx2.test", 1),
+        ("r1@d1.test", "mx2.test", 1),
+    ]
+    # d4's mail still waits for mx1's probe; the message a real attempt deferred, for its own retry.
+    left = {address: (message.due, message.attempts) for address, message in _by_recipient(world).items()}
+    assert left == {"s@d4.test": (own_retry["s@d4.test"], 0), "tried@d2.test": (own_retry["tried@d2.test"], 1)}
+    assert opener.tries.count("mx1.test") == 1  # no probe made early by the reload
+
+
+def test_a_down_site_no_route_leads_to_is_forgotten_unless_its_probe_is_under_way() -> None:
+    clock = FakeClock(0.0)
+    health = SiteHealth(60.0, 600.0, clock=clock)
+    health.failed("gone.test", REFUSED)
+    health.failed("probing.test", REFUSED)
+    clock.now = 60.0
+    assert health.probe("probing.test")
+    assert health.forget("gone.test") and not health.is_down("gone.test")
+    assert not health.forget("probing.test") and health.is_down("probing.test")
+    assert not health.forget("never-down.test")
+    assert ("gone.test", False) in list(health.states())  # (the gauge reads 0, as for a site back up)
