@@ -1287,8 +1287,15 @@ def _bytes_waiting(transport: asyncio.Transport) -> bool:
 
 
 def _verdict(future: asyncio.Future[Refuse | HookFailed | None]) -> Refuse | HookFailed | None:
-    """A hook's answer; a call cancelled (the loop is closing) counts as failed."""
-    return HookFailed(POLICY_ERROR) if future.cancelled() else future.result()
+    """A hook's answer; a call cancelled (the loop is closing) counts as failed, and so does
+    one that ended in an error (the hook's own failures are verdicts: this is a bug of ours,
+    which must not leave the client unanswered)."""
+    if future.cancelled():
+        return HookFailed(POLICY_ERROR)
+    if (error := future.exception()) is not None:
+        _log.error("a policy hook's call failed unexpectedly: %s", error, exc_info=error)
+        return HookFailed(POLICY_ERROR)
+    return future.result()
 
 
 _HANDLERS: dict[type, Callable[[SmtpConnection, Any], None]] = {

@@ -509,3 +509,68 @@ def test_a_hook_named_for_what_another_does_is_pointed_at_that_one(
     with caplog.at_level(logging.WARNING):
         _policy(tmp_path, "def on_delivery_attempt(delivery):\n    pass\n")
     assert "on_delivery_attempt is not a hook name and is never called (did you mean before_delivery?)" in caplog.text
+
+
+@pytest.mark.parametrize("mode", ["inline", "async", "thread"])
+async def test_an_answer_whose_repr_raises_is_the_hooks_failure_not_an_error_of_the_caller(
+    tmp_path: Path, mode: str
+) -> None:
+    """Found from outside: the error naming a wrong answer was built with `repr()` outside any
+    guard, so an answer whose `__repr__` raised escaped to the caller (an unanswered MAIL, a
+    dropped connection, a delivered message sent again)."""
+    prefix = "async " if mode == "async" else ""
+    source = f"""
+        class Unprintable:
+            def __repr__(self):
+                return 1 / 0
+        {prefix}def on_mail_from(mail):
+            return Unprintable()
+    """
+    records: list[object] = []
+    log = type("Log", (), {"write": staticmethod(records.append)})()
+    policy = _policy(tmp_path, source, sync="thread" if mode == "thread" else "inline", threads=1, log=log)
+    hook = policy.on_mail_from
+    assert hook is not None
+    try:
+        verdict = hook("a@example.org", session="s1")
+        if isinstance(verdict, asyncio.Future):
+            verdict = await verdict
+    finally:
+        policy.close()
+    assert verdict == HookFailed(POLICY_ERROR)
+    [failure] = records
+    assert isinstance(failure, PolicyFailure)
+    assert re.fullmatch(
+        r"TypeError: on_mail_from returned <pigeon_policy_\d+\.Unprintable object \(its repr\(\) raised "
+        r"ZeroDivisionError\)>; it may return None or Refuse \(pigeon\.policy\)",
+        failure.error,
+    )
+    assert failure.action == "451 4.3.0" and failure.session == "s1"
+
+
+async def test_a_huge_error_is_cut_in_the_record_and_the_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found from outside: an exception whose str() was 5 MB made a 10 MB PolicyFailure line
+    (error and traceback) and 5 MB on stderr."""
+    source = """
+        def on_mail_from(mail):
+            raise ValueError("x" * 5_000_000)
+        def on_rcpt_to(rcpt):
+            return "y" * 5_000_000
+    """
+    records: list[PolicyFailure] = []
+    log = type("Log", (), {"write": staticmethod(records.append)})()
+    policy = _policy(tmp_path, source, log=log)
+    assert policy.on_mail_from is not None and policy.on_rcpt_to is not None
+    with caplog.at_level(logging.DEBUG, logger="pigeon.policy.hooks"):
+        assert policy.on_mail_from("a@example.org") == HookFailed(POLICY_ERROR)
+        assert policy.on_rcpt_to("b@example.org") == HookFailed(POLICY_ERROR)
+    raised, returned = records
+    assert raised.error.startswith("ValueError: xxx") and raised.error.endswith("x...")
+    assert len(raised.error) < 4096
+    assert raised.traceback is not None and len(raised.traceback) < 10_000 and raised.traceback.endswith("...")
+    assert 'raise ValueError("x" * 5_000_000)' in raised.traceback
+    assert returned.error.startswith("TypeError: on_rcpt_to returned 'yyy") and len(returned.error) < 400
+    assert "...; it may return None or Refuse" in returned.error
+    assert len(caplog.text) < 40_000
