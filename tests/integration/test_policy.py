@@ -485,7 +485,9 @@ def test_a_failing_on_connect_answers_421_and_its_records_say_421(tmp_path: Path
         failures = _failures(pigeon, 2)
         # ... nor in the records: what was sent (found from outside: they said "421 4.3.0").
         assert [(f["hook"], f["action"]) for f in failures] == [("on_connect", "421")] * 2
-        assert "a refusal's code is 400 to 599, not 250" in failures[1]["error"]
+        assert (
+            "a refusal's code is 400 to 599, its second digit 0 to 5 (RFC 5321 4.2.1), not 250" in failures[1]["error"]
+        )
         rejections = pigeon.wait_records("Rejection", 2)
         assert [(r["command"], r["response"]["code"], r["response"].get("enhanced")) for r in rejections] == [
             ("CONNECT", 421, None)

@@ -13,7 +13,7 @@ import pytest
 
 from pigeon.config.schema import PolicyConfig, PositiveDuration
 from pigeon.logs.records import PolicyFailure
-from pigeon.policy import Changes, Headers, Reclassify, Refuse
+from pigeon.policy import Changes, Fail, Headers, Reclassify, Refuse
 from pigeon.policy.answers import folded_field
 from pigeon.policy.hooks import (
     POLICY_ERROR,
@@ -574,3 +574,33 @@ async def test_a_huge_error_is_cut_in_the_record_and_the_log_line(
     assert returned.error.startswith("TypeError: on_rcpt_to returned 'yyy") and len(returned.error) < 400
     assert "...; it may return None or Refuse" in returned.error
     assert len(caplog.text) < 40_000
+
+
+def test_a_refusal_code_is_one_smtp_has() -> None:
+    """RFC 5321 4.2.1: a reply code's second digit is 0 to 5 (found from outside: Refuse(599)
+    went out as `599 5.7.1`)."""
+    for code in (460, 499, 560, 599):
+        with pytest.raises(ValueError, match=f"its second digit 0 to 5 .*, not {code}"):
+            Refuse(code)
+    for code in (421, 451, 459, 550, 554, 559):
+        Refuse(code)
+    with pytest.raises(ValueError, match="5xx"):
+        Fail(code=599)
+    Fail(code=554, enhanced="5.7.1")
+
+
+@pytest.mark.parametrize(
+    ("answer", "says"),
+    [
+        ({"classification": 5}, "classification must be a str"),
+        ({"transient": [5]}, "transient must be a list of addresses"),
+        ({"permanent": ["a@x.test", None]}, "permanent must be a list of addresses"),
+        ({"permanent": 5}, "permanent must be a list of addresses"),
+    ],
+)
+def test_a_reclassification_of_the_wrong_type_is_refused_as_it_is_made(answer: dict[str, object], says: str) -> None:
+    """Found from outside: `classification=5` went into the Bounce record as a number, and
+    `transient=[5]` was ignored, where an unknown address failed the hook."""
+    with pytest.raises(TypeError, match=says):
+        Reclassify(**answer)  # type: ignore[arg-type]
+    Reclassify(transient=("a@x.test",), permanent=["b@x.test"], classification="SpamBlock")
