@@ -8,6 +8,7 @@ import re
 import sys
 import textwrap
 from pathlib import Path
+from types import MappingProxyType
 
 import pytest
 
@@ -25,6 +26,7 @@ from pigeon.policy.hooks import (
     at_greeting,
     refusal,
 )
+from pigeon.policy.objects import ReceivedMessage
 
 
 def _policy(tmp_path: Path, source: str, **options: object) -> Policy:
@@ -604,3 +606,20 @@ def test_a_reclassification_of_the_wrong_type_is_refused_as_it_is_made(answer: d
     with pytest.raises(TypeError, match=says):
         Reclassify(**answer)  # type: ignore[arg-type]
     Reclassify(transient=("a@x.test",), permanent=["b@x.test"], classification="SpamBlock")
+
+
+def test_what_the_readme_says_changing_a_hooks_object_raises_is_what_it_raises() -> None:
+    """Found from outside: the README said assigning to `message.metadata` raises TypeError;
+    it raises AttributeError (a frozen struct's field), and TypeError is changing the mapping."""
+    message = ReceivedMessage(
+        id="0000018c2f3a4b5c", listener="http", session="http-1", peer_ip="127.0.0.1", helo="", protocol="HTTP",
+        tls=None, auth_user=None, sender="a@example.org", recipients=("b@example.net",), size=1,
+        headers=Headers(b"Subject: x\r\n\r\n"), tenant=None, campaign=None, metadata=MappingProxyType({"user": "42"}),
+    )  # fmt: skip
+    with pytest.raises(AttributeError):
+        message.metadata = {}  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        message.metadata["user"] = "EVIL"  # type: ignore[index]
+    readme = " ".join((Path(__file__).parents[3] / "README.md").read_text().split())
+    assert "a hook that assigns to one of its fields (`message.metadata = {}`) raises `AttributeError`" in readme
+    assert 'changes `message.metadata` (`message.metadata["user"] = "x"`) raises `TypeError`' in readme
