@@ -606,7 +606,15 @@ class Draft:
             self._body.discard()
             result.cancel()
             return
-        decided = self._decided(verdict.result(), head, lowered)
+        if (error := verdict.exception()) is not None:
+            # (a hook's own failures are verdicts: this is a bug of ours, and the message is
+            # refused as for a failing hook, not left without an answer)
+            _log.error("message %s: the policy's on_message call failed unexpectedly: %s", format_id(self.id), error,
+                       exc_info=error)  # fmt: skip
+            answer: Refuse | Changes | HookFailed | None = HookFailed(POLICY_ERROR)
+        else:
+            answer = verdict.result()
+        decided = self._decided(answer, head, lowered)
         decided.add_done_callback(lambda done: _copy_result(done, result))
 
     def _decided(

@@ -118,6 +118,31 @@ def test_mail_from_and_rcpt_to_are_refused_with_the_policys_codes(tmp_path: Path
         assert commands == [("MAIL", 550), ("RCPT", 450)]
 
 
+def test_on_rcpt_to_is_told_each_accepted_mailbox_once_as_first_written(tmp_path: Path) -> None:
+    """Found from outside: RCPT TO:<b1@dest.test> twice, then <b1@DEST.TEST>, were told to the
+    next on_rcpt_to as three recipients, where on_message has one (the duplicate filter
+    delivers it once) and HTTP refuses a repeat before the hook."""
+    source = """
+        from pigeon.policy import Refuse
+        def on_rcpt_to(rcpt):
+            if rcpt.recipient.startswith("echo@"):
+                return Refuse(450, "taken=" + ",".join(rcpt.accepted))
+        def on_message(message):
+            return Refuse(450, "recipients=" + ",".join(message.recipients))
+    """
+    with _node(tmp_path, source) as pigeon, smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        client.ehlo("client.test")
+        assert client.mail("sender@example.org")[0] == 250
+        for recipient in ("b1@dest.test", "b1@dest.test", "b1@DEST.TEST", '"b1"@dest.test', "c@dest.test"):
+            assert client.rcpt(recipient)[0] == 250
+        assert client.rcpt("echo@dest.test") == (450, b"4.7.1 taken=b1@dest.test,c@dest.test")
+        assert client.data(MESSAGE) == (450, b"4.7.1 recipients=b1@dest.test,c@dest.test")
+        # A new transaction starts a new list.
+        assert client.mail("sender@example.org")[0] == 250
+        assert client.rcpt("c@dest.test")[0] == 250
+        assert client.rcpt("echo@dest.test") == (450, b"4.7.1 taken=c@dest.test")
+
+
 def test_on_message_sets_tenant_campaign_and_queue_seen_in_the_log_and_the_queue_listing(tmp_path: Path) -> None:
     source = """
         from pigeon.policy import Changes
@@ -458,8 +483,11 @@ def test_a_failing_on_connect_answers_421_and_its_records_say_421(tmp_path: Path
                 assert client.reply() == (421, ["policy error; try again later"])
                 assert client.closed_by_peer()
         failures = _failures(pigeon, 2)
-        assert [(f["hook"], f["action"]) for f in failures] == [("on_connect", "421 4.3.0")] * 2
-        assert "a refusal's code is 400 to 599, not 250" in failures[1]["error"]
+        # ... nor in the records: what was sent (found from outside: they said "421 4.3.0").
+        assert [(f["hook"], f["action"]) for f in failures] == [("on_connect", "421")] * 2
+        assert (
+            "a refusal's code is 400 to 599, its second digit 0 to 5 (RFC 5321 4.2.1), not 250" in failures[1]["error"]
+        )
         rejections = pigeon.wait_records("Rejection", 2)
         assert [(r["command"], r["response"]["code"], r["response"].get("enhanced")) for r in rejections] == [
             ("CONNECT", 421, None)

@@ -625,14 +625,30 @@ class Dispatcher:
             self.in_flight -= len(begun)
         if lane.source is not None:  # named now: the outcome hook sees it too
             attempts = [attempt._replace(source=lane.source) for attempt in attempts]
-        if self._reactor is not None:
-            attempts = self._reacted(begun, attempts, lane.queue)
-        hooks = self._hooks
-        if hooks is not None and hooks.reviews:
-            attempts = await self._reviewed(hooks, begun, attempts, lane)
+        made = attempts
+        try:
+            if self._reactor is not None:
+                attempts = self._reacted(begun, attempts, lane.queue)
+            hooks = self._hooks
+            if hooks is not None and hooks.reviews:
+                attempts = await self._reviewed(hooks, begun, attempts, lane)
+        except Exception:
+            # A bug past the agent: the messages are sent (or refused) by now, and reported as
+            # the agent made them; left to `_work`, each would be an internal error, retried,
+            # and a delivered one sent again (found from outside, at every retry until max_age).
+            _log.exception("the outcomes of delivery to %s could not be worked out; reported as made", lane.queue.path)
+            attempts = made
+        failed: Exception | None = None
         for work, attempt in zip(begun, attempts, strict=True):
-            if (written := self._report_from(lane, work.lease, attempt)) is not None:
+            try:
+                written = self._report_from(lane, work.lease, attempt)
+            except Exception as error:  # the others still get theirs; `_work` gives this one one
+                failed = failed or error
+                continue
+            if written is not None:
                 writing.append(written)
+        if failed is not None:
+            raise failed
 
     async def _deliver_one(
         self, lane: _Lane, agent: Agent, work: Work, connection: _Connection, writing: list[asyncio.Future[None]]
@@ -735,9 +751,15 @@ class Dispatcher:
         reviewed: list[Attempt] = []
         try:
             for work, attempt in zip(begun, attempts, strict=True):
-                answer = hooks.after(work.message, attempt, work.delivery)
-                if not isinstance(answer, Attempt):
-                    answer = await answer  # a hook that must be waited for (async, on a thread)
+                try:
+                    answer = hooks.after(work.message, attempt, work.delivery)
+                    if not isinstance(answer, Attempt):
+                        answer = await answer  # a hook that must be waited for (async, on a thread)
+                except Exception:  # (the hooks' own say a failing hook's; this is a bug of ours)
+                    _log.exception(
+                        "reviewing an attempt at message %s failed; kept as made", format_id(work.message.id)
+                    )
+                    answer = attempt
                 reviewed.append(answer)
         except asyncio.CancelledError:
             for work, attempt in zip(begun, attempts, strict=True):

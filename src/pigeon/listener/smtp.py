@@ -65,7 +65,7 @@ from pigeon.policy import objects
 from pigeon.policy.answers import Refuse
 from pigeon.policy.hooks import POLICY_ERROR, HookFailed, at_greeting, refusal
 from pigeon.smtp import replies
-from pigeon.smtp.address import is_postmaster
+from pigeon.smtp.address import is_postmaster, same_mailbox_key
 from pigeon.smtp.events import (
     NEED_DATA,
     AuthCredentials,
@@ -337,6 +337,7 @@ class SmtpConnection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._draft: Draft | None = None
         self._recipients: list[Recipient] = []
+        self._taken: _Taken | None = None  # `_recipients` as on_rcpt_to is told them (`_accepted`)
         self._blocked = False
         self._closed = False
         self._close_when_idle = False
@@ -652,7 +653,7 @@ class SmtpConnection(asyncio.Protocol):
                     session.helo or "",
                     mail.sender if mail is not None else "",
                     address,
-                    tuple(r.address for r in self._recipients),
+                    self._accepted(),
                     self._tls,
                     session.authenticated,
                 ),
@@ -666,6 +667,24 @@ class SmtpConnection(asyncio.Protocol):
                 return
         self._recipients.append(recipient)
         self._session.accept()
+
+    def _accepted(self) -> tuple[str, ...]:
+        """The recipients taken so far, as `on_rcpt_to` is told them: each mailbox once, as
+        it was first written (found from outside: a client's RCPT TO:<b@d.test> twice, then
+        <b@D.TEST>, were told as three, where on_message and HTTP have one; the intake's
+        duplicate filter delivers it once, by the same key). Worked out once a recipient:
+        a reset starts a new list, and so a new count."""
+        recipients = self._recipients
+        taken = self._taken
+        if taken is None or taken.of is not recipients:
+            taken = self._taken = _Taken(recipients)
+        for recipient in recipients[taken.count :]:
+            key = same_mailbox_key(recipient.address)  # (a postmaster is `[smtp] postmaster` by now)
+            if key not in taken.keys:
+                taken.keys.add(key)
+                taken.addresses.append(recipient.address)
+        taken.count = len(recipients)
+        return tuple(taken.addresses)
 
     def _reserved_refusal(self, recipient: Recipient) -> Reply | None:
         """550 5.7.1 for a recipient whose domain's `[[route]]` is reserved for other tenants
@@ -1286,9 +1305,28 @@ def _bytes_waiting(transport: asyncio.Transport) -> bool:
         peek.detach()
 
 
+class _Taken:
+    """A transaction's recipients as `on_rcpt_to` is told them (`SmtpConnection._accepted`)."""
+
+    __slots__ = ("addresses", "count", "keys", "of")
+
+    def __init__(self, of: list[Recipient]) -> None:
+        self.of = of  # the list they are of
+        self.count = 0  # how many of it are counted
+        self.addresses: list[str] = []
+        self.keys: set[str] = set()
+
+
 def _verdict(future: asyncio.Future[Refuse | HookFailed | None]) -> Refuse | HookFailed | None:
-    """A hook's answer; a call cancelled (the loop is closing) counts as failed."""
-    return HookFailed(POLICY_ERROR) if future.cancelled() else future.result()
+    """A hook's answer; a call cancelled (the loop is closing) counts as failed, and so does
+    one that ended in an error (the hook's own failures are verdicts: this is a bug of ours,
+    which must not leave the client unanswered)."""
+    if future.cancelled():
+        return HookFailed(POLICY_ERROR)
+    if (error := future.exception()) is not None:
+        _log.error("a policy hook's call failed unexpectedly: %s", error, exc_info=error)
+        return HookFailed(POLICY_ERROR)
+    return future.result()
 
 
 _HANDLERS: dict[type, Callable[[SmtpConnection, Any], None]] = {

@@ -119,8 +119,12 @@ class Refuse:
     enhanced: str | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.code, int) or not 400 <= self.code <= 599:
-            raise ValueError(f"a refusal's code is 400 to 599, not {self.code!r}")
+        # RFC 5321 4.2: a reply code's second digit is 0 to 5 (4.2.1); a 460 or 599 is none a
+        # client knows (found from outside: Refuse(599) went out as "599 5.7.1").
+        if not isinstance(self.code, int) or not 400 <= self.code <= 599 or self.code // 10 % 10 > 5:
+            raise ValueError(
+                f"a refusal's code is 400 to 599, its second digit 0 to 5 (RFC 5321 4.2.1), not {_shown(self.code)}"
+            )
         _one_line(self.text, "a refusal's text")
         if not isinstance(self.text, str) or not _REPLY_TEXT.fullmatch(self.text):
             raise ValueError(
@@ -279,8 +283,18 @@ class Fail:
 
     def __post_init__(self) -> None:
         _one_line(self.reason, "a failure's reason")
-        if not 500 <= self.code <= 599 or not _ENHANCED.fullmatch(self.enhanced) or self.enhanced[0] != "5":
-            raise ValueError(f"a failure is a 5xx with a 5.x.y enhanced code, not {self.code} {self.enhanced}")
+        if (
+            not isinstance(self.code, int)
+            or not 500 <= self.code <= 559  # (a second digit of 0 to 5: RFC 5321 4.2.1)
+            or self.code // 10 % 10 > 5
+            or not isinstance(self.enhanced, str)
+            or not _ENHANCED.fullmatch(self.enhanced)
+            or self.enhanced[0] != "5"
+        ):
+            raise ValueError(
+                f"a failure is a 5xx (500 to 559) with a 5.x.y enhanced code, not {_shown(self.code)} "
+                f"{_shown(self.enhanced)}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,10 +332,16 @@ class Reclassify:
     classification: str | None = None
 
     def __post_init__(self) -> None:
+        # Of the types it names, as `Changes` checks its own (found from outside: `transient=[5]`
+        # was silently ignored, and `classification=5` written as a number into the Bounce).
         for what in ("transient", "permanent"):
             value = getattr(self, what)
             if isinstance(value, str) and value != "all":
-                raise ValueError(f'{what} is a list of addresses or "all", not {value!r}')
+                raise ValueError(f'{what} is a list of addresses or "all", not {_shown(value)}')
+            if not isinstance(value, str) and not _strs(value):
+                raise TypeError(f'{what} must be a list of addresses (str) or "all", not {_shown(value)}')
+        if self.classification is not None and not isinstance(self.classification, str):
+            raise TypeError(f"classification must be a str (a bounce class) or None, not {_shown(self.classification)}")
         # Applied one after the other, such an answer would make a failure transient and then
         # permanent again ("550 policy made it permanent: 450 policy made it transient: 550"):
         # which of the two the hook meant, nothing says.

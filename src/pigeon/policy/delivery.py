@@ -23,7 +23,7 @@ from typing import Any, Final, TypeAlias
 
 from pigeon.message import Message, format_id
 from pigeon.policy.answers import Defer, Fail, Reclassify, Reroute
-from pigeon.policy.hooks import HookFailed, Policy, Verdict
+from pigeon.policy.hooks import POLICY_ERROR, Hook, HookFailed, Policy, Verdict
 from pigeon.policy.objects import Delivery, DeliveryOutcome, RecipientResult
 from pigeon.queue.attempt import Attempt
 from pigeon.queue.policy import PoolChooser
@@ -82,15 +82,35 @@ class DeliveryHooks:
         hook = self._policy.before_delivery
         if hook is None:
             return None
-        verdict = hook(delivery, message_id=delivery.id)
-        if isinstance(verdict, asyncio.Future):
-            return self._vetted_later(message, delivery, verdict)
-        return self._vetted(message, delivery, verdict)
+        try:
+            verdict = hook(delivery, message_id=delivery.id)
+            if isinstance(verdict, asyncio.Future):
+                return self._vetted_later(message, delivery, verdict)
+            return self._vetted(message, delivery, verdict)
+        except Exception as error:
+            return self._vetted(message, delivery, self._failed("before_delivery", error, delivery))
 
     async def _vetted_later(
         self, message: Message, delivery: Delivery, verdict: asyncio.Future[Verdict[BeforeAnswer]]
     ) -> Vetted:
-        return self._vetted(message, delivery, await verdict)
+        try:
+            return self._vetted(message, delivery, await verdict)
+        except Exception as error:
+            return self._vetted(message, delivery, self._failed("before_delivery", error, delivery))
+
+    def _failed(self, name: str, error: Exception, delivery: Delivery) -> HookFailed:
+        """A hook's answer that could not be carried out (a bug of ours, or of an answer's own
+        checks): the hook's failure, recorded as one (a PolicyFailure), as the module docstring
+        says a failing hook's attempt goes; never an internal error of the delivery, which
+        would send a message that `on_delivery_outcome` was told of again."""
+        hook: Hook[Any] | None = getattr(self._policy, name)
+        if hook is not None:  # (None: the policy was reloaded without it meanwhile)
+            try:
+                return hook.failed(error, None, delivery.id)
+            except Exception:
+                pass
+        _log.error("policy hook %s failed (message %s): %s", name, delivery.id, error, exc_info=error)
+        return HookFailed(POLICY_ERROR)
 
     def _vetted(self, message: Message, delivery: Delivery, verdict: Verdict[BeforeAnswer]) -> Vetted:
         if self._reroutes and not isinstance(verdict, Reroute):
@@ -143,6 +163,15 @@ class DeliveryHooks:
         hook = self._policy.on_delivery_outcome
         if hook is None:
             return attempt
+        try:
+            return self._review(hook, message, attempt, delivery)
+        except Exception as error:
+            self._failed("on_delivery_outcome", error, delivery or self.delivery(message, attempt.site, attempt.source))
+            return attempt
+
+    def _review(
+        self, hook: Hook[Reclassify], message: Message, attempt: Attempt, delivery: Delivery | None
+    ) -> Attempt | Coroutine[Any, Any, Attempt]:
         recipients = message.envelope.recipients
         peer_of = attempt.peer_of
         results = tuple([
@@ -171,19 +200,34 @@ class DeliveryHooks:
     async def _reviewed_later(
         self, message: Message, attempt: Attempt, delivery: Delivery, verdict: asyncio.Future[Verdict[Reclassify]]
     ) -> Attempt:
-        return self._reviewed(message, attempt, delivery, await verdict)
+        try:
+            answer = await verdict
+        except Exception as error:
+            self._failed("on_delivery_outcome", error, delivery)
+            return attempt
+        return self._reviewed(message, attempt, delivery, answer)
 
     def _reviewed(
         self, message: Message, attempt: Attempt, delivery: Delivery, verdict: Verdict[Reclassify]
     ) -> Attempt:
+        """The attempt as the answer reclassifies it; any answer that cannot be carried out (it
+        names a delivered recipient, or one of no attempt's) fails the hook and keeps the
+        attempt as it was made: the messages are sent by now, and an error here must not make
+        them be sent again."""
         if verdict is None or isinstance(verdict, HookFailed):
             return attempt
         try:
             return self._reclassified(message, attempt, verdict)
-        except ValueError as error:
+        except ValueError as error:  # an answer that does not fit this attempt: said without a traceback
             hook = self._policy.on_delivery_outcome
             if hook is not None:
-                hook.failed(error, None, delivery.id, show_traceback=False)
+                try:
+                    hook.failed(error, None, delivery.id, show_traceback=False)
+                except Exception:
+                    _log.exception("policy hook on_delivery_outcome failed, and its failure could not be recorded")
+            return attempt
+        except Exception as error:
+            self._failed("on_delivery_outcome", error, delivery)
             return attempt
 
     def _reclassified(self, message: Message, attempt: Attempt, verdict: Reclassify) -> Attempt:

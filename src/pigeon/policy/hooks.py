@@ -17,10 +17,12 @@ A hook may be a plain function or a coroutine function (`async def`):
   waits on the network should be async, or run on threads.
 
 A hook that raises, answers something it may not (see `pigeon.policy.answers`), or outlasts
-the timeout becomes a `HookFailed`: the caller answers `451 4.3.0` (`421 4.3.0` at connect,
-where a refusing greeting is 421 or 554; on delivery paths it defers the message or keeps
-the attempt's own outcome), and a `PolicyFailure` record, whose `action` is that reply, with
-the traceback goes to the event log. Nothing a hook does can stop the worker.
+the timeout becomes a `HookFailed`: the caller answers `451 4.3.0` (`421` at connect, where a
+refusing greeting is 421 or 554 and carries no enhanced code; on delivery paths it defers the
+message or keeps the attempt's own outcome), and a `PolicyFailure` record, whose `action` is
+that reply, with the traceback goes to the event log. Nothing a hook does can stop the worker,
+nor can an answer that breaks the checks made of it (a `__repr__` that raises): that is the
+hook's failure too, never the caller's.
 
 "Raises" is any BaseException, not only an Exception: a hook's `sys.exit()`, a
 KeyboardInterrupt or GeneratorExit it raises, an `asyncio.CancelledError` of its own (a future
@@ -86,6 +88,12 @@ _ANSWERS: Final[dict[str, tuple[type, ...]]] = {
 _ACTIONS: Final = {"before_delivery": "deferred", "on_delivery_outcome": "kept"}  # others: the reply
 POLICY_ERROR: Final = Reply(451, "4.3.0", ("policy error; try again later",))
 POLICY_TIMEOUT: Final = Reply(451, "4.3.0", ("policy check timed out; try again later",))
+# Characters of a failure's error text, and of its traceback, kept in its PolicyFailure record and
+# its log line (found from outside: an exception whose str() was 5 MB made a 10 MB record line and
+# 5 MB on stderr, at every message). The start says what it was; the rest is cut, with "...".
+_ERROR_KEPT: Final = 2048
+_TRACE_KEPT: Final = 8192
+_SHOWN: Final = 200  # characters of an answer's repr in the error naming it
 _file_modules = itertools.count(1)
 
 A = TypeVar("A")
@@ -166,6 +174,18 @@ class Hook(Generic[A]):
     def __call__(
         self, argument: object, *, session: str | None = None, message_id: str | None = None
     ) -> Verdict[A] | asyncio.Future[Verdict[A]]:
+        try:
+            return self._call(argument, session, message_id)
+        except Exception as error:
+            # Not the hook's own raise (that is caught where it is called) but what its answer
+            # made of the checks here, a `__repr__` that raises say: the hook's failure all the
+            # same (found from outside: it reached the callers, a client got no reply to MAIL
+            # and a delivered message was sent again at every retry).
+            return self._broken(error, session, message_id)
+
+    def _call(
+        self, argument: object, session: str | None, message_id: str | None
+    ) -> Verdict[A] | asyncio.Future[Verdict[A]]:
         if self.mode == "inline":
             started = time.perf_counter()
             try:
@@ -197,11 +217,19 @@ class Hook(Generic[A]):
     def _spawn(
         self, awaitable: Awaitable[Any], session: str | None, message_id: str | None
     ) -> asyncio.Future[Verdict[A]]:
-        task = asyncio.get_running_loop().create_task(self._bounded(awaitable, session, message_id))
+        task = asyncio.get_running_loop().create_task(self._guarded(awaitable, session, message_id))
         tasks = self._runner.tasks
         tasks.add(task)
         task.add_done_callback(tasks.discard)
         return task
+
+    async def _guarded(self, awaitable: Awaitable[Any], session: str | None, message_id: str | None) -> Verdict[A]:
+        """`_bounded`, whose own failure (not the hook's: its answer's checks) is the hook's too:
+        the future its caller waits on always ends with a verdict, or cancelled."""
+        try:
+            return await self._bounded(awaitable, session, message_id)
+        except Exception as error:
+            return self._broken(error, session, message_id)
 
     async def _bounded(self, awaitable: Awaitable[Any], session: str | None, message_id: str | None) -> Verdict[A]:
         loop = asyncio.get_running_loop()
@@ -244,8 +272,19 @@ class Hook(Generic[A]):
         if answer is None or isinstance(answer, self._allowed):
             return answer  # type: ignore[return-value]
         allowed = ", ".join(kind.__name__ for kind in self._allowed)
-        error = TypeError(f"{self.name} returned {answer!r}; it may return None or {allowed} (pigeon.policy)")
+        error = TypeError(f"{self.name} returned {shown(answer)}; it may return None or {allowed} (pigeon.policy)")
         return self.failed(error, session, message_id, show_traceback=False)
+
+    def _broken(self, error: Exception, session: str | None, message_id: str | None) -> HookFailed:
+        """The hook failed in a way the checks here did not foresee: recorded as its failure
+        (`failed`), or, if even that fails, logged as it can be; the caller's answer is the
+        same either way."""
+        try:
+            return self.failed(error, session, message_id)
+        except Exception:
+            _log.exception("policy hook %s failed, and its failure could not be recorded", self.name)
+            reply = at_greeting(POLICY_ERROR) if self.name == "on_connect" else POLICY_ERROR
+            return HookFailed(reply)
 
     def failed(
         self,
@@ -261,17 +300,24 @@ class Hook(Generic[A]):
         reply = POLICY_TIMEOUT if error is None else POLICY_ERROR
         if self.name == "on_connect":
             reply = at_greeting(reply)
-        action = _ACTIONS.get(self.name, f"{reply.code} {reply.enhanced}")
+            action = str(reply.code)  # as the greeting goes: without an enhanced code (RFC 2034 3)
+        else:
+            action = _ACTIONS.get(self.name, f"{reply.code} {reply.enhanced}")
         if error is None:
             text = f"timed out after {self._runner.timeout:g}s ([policy] timeout)"
             trace = f"The hook was waiting here (most recent call last):\n{waiting}" if waiting else None
         else:
-            text = "".join(traceback.format_exception_only(error)).strip()
+            text = _cut("".join(traceback.format_exception_only(error)).strip(), _ERROR_KEPT)
             trace = "".join(traceback.format_exception(error)) if show_traceback else None
+        whole = trace is not None and len(trace) <= _TRACE_KEPT
+        if trace is not None:
+            trace = _cut(trace, _TRACE_KEPT)
         where = f" (session {session})" if session else (f" (message {message_id})" if message_id else "")
         _log.error("policy hook %s failed%s: %s; %s", self.name, where, text, action)
-        if trace is not None:  # as a traceback, not a message: a message's line breaks are escaped
+        if whole:  # as a traceback, not a message: a message's line breaks are escaped
             _log.debug("policy hook %s traceback", self.name, exc_info=error)
+        elif trace is not None:  # (one too long to show whole: the part the record keeps)
+            _log.debug("policy hook %s traceback: %s", self.name, trace)
         log = self._runner.log
         if log is not None:
             log.write(
@@ -286,6 +332,22 @@ class Hook(Generic[A]):
                 )
             )
         return HookFailed(reply)
+
+
+def shown(value: object) -> str:
+    """`repr(value)` for an error that names it: cut to a few hundred characters, and never
+    raising (a hook's answer is any object of the hook's: its `__repr__` may raise, or be huge)."""
+    try:
+        text = repr(value)
+    except Exception as error:
+        kind = type(value)
+        return f"<{kind.__module__}.{kind.__qualname__} object (its repr() raised {type(error).__name__})>"
+    return _cut(text, _SHOWN)
+
+
+def _cut(text: str, limit: int) -> str:
+    """`text`, cut to `limit` characters with "..." where it is longer."""
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _raised_by_hook(error: BaseException, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any] | None) -> bool:

@@ -171,7 +171,8 @@ class ReceivedMessage(msgspec.Struct, frozen=True):
     campaign: str | None
     metadata: Mapping[str, str] = NO_METADATA
     """What the injecting application gave this recipient (HTTP), else empty. Read-only, as
-    the rest: assigning to it raises TypeError (the hook fails)."""
+    the rest: changing it (`metadata["user"] = ...`) raises TypeError, and assigning to the
+    field (`message.metadata = ...`), as to any field, AttributeError (the hook fails)."""
     trusted: bool = True
     """From a client Pigeon relays for: in `[smtp] relay_networks`, authenticated (SMTP AUTH,
     an HTTP API token). False: mail Pigeon takes from anyone (to the postmaster, to an

@@ -443,3 +443,47 @@ def test_the_reactor_keeps_a_suspended_attempt_for_the_end_and_leaves_successes_
     delivered = Attempt([Reply(250, "2.0.0", ("ok",))], [""], "mx1.test")
     assert reactor.apply(delivered, effect) is delivered
     assert reactor.observe(PATH, "mx1.test", "d1.test", [Reply(250, "2.0.0", ("ok",))]) is None
+
+
+# --- a bug past the agent ----------------------------------------------------------------------
+class _ObserveBreaks(Reactor):
+    def observe(self, path: str, site: str, domain: str, replies: Any) -> Any:
+        raise RuntimeError("a bug in the reactions")
+
+
+class _ReviewBreaks:
+    """Delivery hooks whose review of an outcome raises (a bug of ours, not the hook's)."""
+
+    vets = False
+    reviews = True
+
+    def after(self, message: Any, attempt: Attempt, delivery: Any = None) -> Attempt:
+        raise RuntimeError("a bug in the outcome hook's machinery")
+
+
+async def test_a_bug_after_the_agent_answered_reports_each_attempt_as_made_and_sends_nothing_again(
+    make_world: MakeWorld, tmp_path: Path
+) -> None:
+    """Found from outside: an error in reviewing an outcome reached the connection's catch-all,
+    which reported every message of the batch as an internal error (451 4.3.0): the one the
+    server had taken was sent again at every retry, and the one it refused (550) was retried
+    instead of bounced."""
+    refused = Reply(550, "5.1.1", ("no such user",))
+    rules = _reactor(tmp_path, FakeClock(), action="suspend", duration=60)
+    reactor = _ObserveBreaks(rules.reactions, rules.board)
+
+    def answer(world: Any, seen: Any) -> list[Reply]:
+        return [refused if r.startswith("no@") else Reply(250, "2.0.0", ("ok",)) for r in seen.recipients]
+
+    world = make_world(SITES, ["d1.test"], reactor=reactor, answer=answer, dsn=False)
+    world.inject(["no@d1.test"])
+    await world.release_all()
+    world.dispatcher._hooks = _ReviewBreaks()  # type: ignore[assignment]
+    world.inject(["yes@d1.test"])
+    await world.release_all()
+    [bounce] = world.logged("Bounce")
+    assert (bounce.recipient, bounce.response.code) == ("no@d1.test", 550)
+    [delivery] = world.logged("Delivery")
+    assert delivery.recipient == "yes@d1.test"
+    assert world.logged("TransientFailure") == []
+    assert len(world.attempted) == 2 and not len(world.active)

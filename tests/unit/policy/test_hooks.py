@@ -8,12 +8,13 @@ import re
 import sys
 import textwrap
 from pathlib import Path
+from types import MappingProxyType
 
 import pytest
 
 from pigeon.config.schema import PolicyConfig, PositiveDuration
 from pigeon.logs.records import PolicyFailure
-from pigeon.policy import Changes, Headers, Reclassify, Refuse
+from pigeon.policy import Changes, Fail, Headers, Reclassify, Refuse
 from pigeon.policy.answers import folded_field
 from pigeon.policy.hooks import (
     POLICY_ERROR,
@@ -25,6 +26,7 @@ from pigeon.policy.hooks import (
     at_greeting,
     refusal,
 )
+from pigeon.policy.objects import ReceivedMessage
 
 
 def _policy(tmp_path: Path, source: str, **options: object) -> Policy:
@@ -509,3 +511,115 @@ def test_a_hook_named_for_what_another_does_is_pointed_at_that_one(
     with caplog.at_level(logging.WARNING):
         _policy(tmp_path, "def on_delivery_attempt(delivery):\n    pass\n")
     assert "on_delivery_attempt is not a hook name and is never called (did you mean before_delivery?)" in caplog.text
+
+
+@pytest.mark.parametrize("mode", ["inline", "async", "thread"])
+async def test_an_answer_whose_repr_raises_is_the_hooks_failure_not_an_error_of_the_caller(
+    tmp_path: Path, mode: str
+) -> None:
+    """Found from outside: the error naming a wrong answer was built with `repr()` outside any
+    guard, so an answer whose `__repr__` raised escaped to the caller (an unanswered MAIL, a
+    dropped connection, a delivered message sent again)."""
+    prefix = "async " if mode == "async" else ""
+    source = f"""
+        class Unprintable:
+            def __repr__(self):
+                return 1 / 0
+        {prefix}def on_mail_from(mail):
+            return Unprintable()
+    """
+    records: list[object] = []
+    log = type("Log", (), {"write": staticmethod(records.append)})()
+    policy = _policy(tmp_path, source, sync="thread" if mode == "thread" else "inline", threads=1, log=log)
+    hook = policy.on_mail_from
+    assert hook is not None
+    try:
+        verdict = hook("a@example.org", session="s1")
+        if isinstance(verdict, asyncio.Future):
+            verdict = await verdict
+    finally:
+        policy.close()
+    assert verdict == HookFailed(POLICY_ERROR)
+    [failure] = records
+    assert isinstance(failure, PolicyFailure)
+    assert re.fullmatch(
+        r"TypeError: on_mail_from returned <pigeon_policy_\d+\.Unprintable object \(its repr\(\) raised "
+        r"ZeroDivisionError\)>; it may return None or Refuse \(pigeon\.policy\)",
+        failure.error,
+    )
+    assert failure.action == "451 4.3.0" and failure.session == "s1"
+
+
+async def test_a_huge_error_is_cut_in_the_record_and_the_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found from outside: an exception whose str() was 5 MB made a 10 MB PolicyFailure line
+    (error and traceback) and 5 MB on stderr."""
+    source = """
+        def on_mail_from(mail):
+            raise ValueError("x" * 5_000_000)
+        def on_rcpt_to(rcpt):
+            return "y" * 5_000_000
+    """
+    records: list[PolicyFailure] = []
+    log = type("Log", (), {"write": staticmethod(records.append)})()
+    policy = _policy(tmp_path, source, log=log)
+    assert policy.on_mail_from is not None and policy.on_rcpt_to is not None
+    with caplog.at_level(logging.DEBUG, logger="pigeon.policy.hooks"):
+        assert policy.on_mail_from("a@example.org") == HookFailed(POLICY_ERROR)
+        assert policy.on_rcpt_to("b@example.org") == HookFailed(POLICY_ERROR)
+    raised, returned = records
+    assert raised.error.startswith("ValueError: xxx") and raised.error.endswith("x...")
+    assert len(raised.error) < 4096
+    assert raised.traceback is not None and len(raised.traceback) < 10_000 and raised.traceback.endswith("...")
+    assert 'raise ValueError("x" * 5_000_000)' in raised.traceback
+    assert returned.error.startswith("TypeError: on_rcpt_to returned 'yyy") and len(returned.error) < 400
+    assert "...; it may return None or Refuse" in returned.error
+    assert len(caplog.text) < 40_000
+
+
+def test_a_refusal_code_is_one_smtp_has() -> None:
+    """RFC 5321 4.2.1: a reply code's second digit is 0 to 5 (found from outside: Refuse(599)
+    went out as `599 5.7.1`)."""
+    for code in (460, 499, 560, 599):
+        with pytest.raises(ValueError, match=f"its second digit 0 to 5 .*, not {code}"):
+            Refuse(code)
+    for code in (421, 451, 459, 550, 554, 559):
+        Refuse(code)
+    with pytest.raises(ValueError, match="5xx"):
+        Fail(code=599)
+    Fail(code=554, enhanced="5.7.1")
+
+
+@pytest.mark.parametrize(
+    ("answer", "says"),
+    [
+        ({"classification": 5}, "classification must be a str"),
+        ({"transient": [5]}, "transient must be a list of addresses"),
+        ({"permanent": ["a@x.test", None]}, "permanent must be a list of addresses"),
+        ({"permanent": 5}, "permanent must be a list of addresses"),
+    ],
+)
+def test_a_reclassification_of_the_wrong_type_is_refused_as_it_is_made(answer: dict[str, object], says: str) -> None:
+    """Found from outside: `classification=5` went into the Bounce record as a number, and
+    `transient=[5]` was ignored, where an unknown address failed the hook."""
+    with pytest.raises(TypeError, match=says):
+        Reclassify(**answer)  # type: ignore[arg-type]
+    Reclassify(transient=("a@x.test",), permanent=["b@x.test"], classification="SpamBlock")
+
+
+def test_what_the_readme_says_changing_a_hooks_object_raises_is_what_it_raises() -> None:
+    """Found from outside: the README said assigning to `message.metadata` raises TypeError;
+    it raises AttributeError (a frozen struct's field), and TypeError is changing the mapping."""
+    message = ReceivedMessage(
+        id="0000018c2f3a4b5c", listener="http", session="http-1", peer_ip="127.0.0.1", helo="", protocol="HTTP",
+        tls=None, auth_user=None, sender="a@example.org", recipients=("b@example.net",), size=1,
+        headers=Headers(b"Subject: x\r\n\r\n"), tenant=None, campaign=None, metadata=MappingProxyType({"user": "42"}),
+    )  # fmt: skip
+    with pytest.raises(AttributeError):
+        message.metadata = {}  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        message.metadata["user"] = "EVIL"  # type: ignore[index]
+    readme = " ".join((Path(__file__).parents[3] / "README.md").read_text().split())
+    assert "a hook that assigns to one of its fields (`message.metadata = {}`) raises `AttributeError`" in readme
+    assert 'changes `message.metadata` (`message.metadata["user"] = "x"`) raises `TypeError`' in readme

@@ -102,7 +102,7 @@ from pigeon.logs.records import Rejection, Response
 from pigeon.message import Envelope, Recipient, format_id
 from pigeon.policy import objects
 from pigeon.policy.answers import Refuse
-from pigeon.policy.hooks import HookFailed, Verdict, refusal
+from pigeon.policy.hooks import POLICY_ERROR, HookFailed, Verdict, refusal
 from pigeon.smtp import address, replies
 from pigeon.smtp.framing import check_message
 from pigeon.smtp.replies import Reply
@@ -719,9 +719,14 @@ def _committed(request: web.Request, session: str, future: asyncio.Future[Stored
 
 
 async def _settled(verdict: Verdict[Refuse] | asyncio.Future[Verdict[Refuse]]) -> Refuse | HookFailed | None:
-    """A hook's answer, once it has one (an async or threaded hook's is awaited)."""
+    """A hook's answer, once it has one (an async or threaded hook's is awaited); a call that
+    ended in an error (a hook's own failures are verdicts: a bug of ours) counts as failed."""
     if isinstance(verdict, asyncio.Future):
-        return await verdict
+        try:
+            return await verdict
+        except Exception as error:
+            _log.error("a policy hook's call failed unexpectedly: %s", error, exc_info=error)
+            return HookFailed(POLICY_ERROR)
     return verdict
 
 
