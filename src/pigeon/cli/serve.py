@@ -195,8 +195,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     """`--check`: what a start checks before it takes anything (the whole configuration, the
-    files it names, the policy module's import), said, and nothing started: no lock, no
-    listener, no spool. Exit 0, or 2 with the error, as a start refused for it would."""
+    files it names, the policy module's import), said, and nothing started: no lock, no listener, no spool. Every warning a start says of the
+    configuration is said too (`config_warnings`). Exit 0 (warnings or none), or 2 with the
+    error, as a start refused for it would."""
+    from pigeon.node.config_warnings import config_warnings
+    from pigeon.node.exposure import Exposure
     from pigeon.policy.hooks import Policy, PolicyLoadError
 
     signals.started()  # (ending of its own accord: no start-up to bound)
@@ -207,26 +210,8 @@ def _check(args: argparse.Namespace) -> int:
         except PolicyLoadError as error:
             print(f"pigeon: configuration error: {redact(str(error))}", file=sys.stderr)
             return 2
-    if config.smtp.tls_certificate is not None:
-        from pigeon.listener.tls import expiry_warning
-
-        # Said, not refused: the node starts with it too (a renewal may be on its way).
-        if (warning := expiry_warning(config.smtp.tls_certificate)) is not None:
-            print(f"pigeon: warning: {warning}", file=sys.stderr)
-    from pigeon.config.load import unreachable_delay_warnings
-    from pigeon.node.exposure import untrusted_dane_resolvers, unverified_smart_hosts
-
-    for warning in unreachable_delay_warnings(config):  # (said at start and at each reload too)
+    for warning in config_warnings(config, args.config, Exposure(), start=True):
         print(f"pigeon: warning: {warning}", file=sys.stderr)
-
-    for warning in unverified_smart_hosts(config):  # (said at start and at each reload too)
-        print(f"pigeon: warning: {warning}", file=sys.stderr)
-    from pigeon.route_tenants import shared_account_warnings
-
-    for warning in shared_account_warnings(config.route):  # (said at start and at each reload too)
-        print(f"pigeon: warning: {warning}", file=sys.stderr)
-    if (untrusted := untrusted_dane_resolvers(config)) is not None:  # (said at start too)
-        print(f"pigeon: warning: {untrusted}", file=sys.stderr)
     print(f"{args.config if args.config is not None else 'the defaults (no -c)'}: ok")
     return 0
 
