@@ -10,6 +10,7 @@ import pytest
 
 from tests.integration.test_cli import pigeon_cli
 from tests.support.ports import free_port
+from tests.support.process import PigeonProcess
 
 
 def test_serve_check_says_ok_for_a_config_that_loads_and_starts_nothing(tmp_path: Path) -> None:
@@ -143,3 +144,83 @@ def test_serve_check_warns_of_a_delay_warning_that_max_age_never_lets_fire(tmp_p
         "its mail expires before it has waited that long, so no delayed DSN is ever sent; make it shorter than "
         "max_age (or 0: none)",
     ]
+
+
+def _check_warnings(config: Path) -> list[str]:
+    """The warnings `serve --check` says of `config`, which it must still pass (exit 0, ok)."""
+    result = pigeon_cli("serve", "--check", "-c", str(config))
+    assert (result.returncode, result.stdout) == (0, f"{config}: ok\n"), result.stderr  # warnings, not errors
+    said = result.stderr.splitlines()
+    assert all(line.startswith("pigeon: warning: ") for line in said), said
+    return [line.removeprefix("pigeon: warning: ") for line in said]
+
+
+def test_serve_check_warns_of_an_open_relay_and_of_routes_never_used(tmp_path: Path) -> None:
+    # Found from outside: --check said "ok" and nothing else of what `pigeon serve` warns at start.
+    config = tmp_path / "pigeon.toml"
+    config.write_text(
+        '[spool]\npath = "spool"\n[smtp]\nrelay_networks = "0.0.0.0/0"\n'
+        '[[route]]\ndomain = "*.test"\nnext_hop = "127.0.0.1:9"\n'
+        '[[route]]\ndomain = "defer.test"\nnext_hop = "127.0.0.1:9"\n'
+        '[[target]]\nname = "app"\nkind = "log"\npath = "handed.log"\n'
+        '[[inbound]]\ndomain = "app.test"\ntarget = "app"\n'
+        '[[inbound]]\nrecipient = "reply+*@app.test"\ntarget = "app"\n'
+    )
+    assert _check_warnings(config) == [
+        "[smtp] relay_networks entry '0.0.0.0/0' covers the whole Internet: any client there may relay mail "
+        "through Pigeon to any domain without AUTH (an open relay); keep it only if a firewall lets none but your "
+        "own clients reach the SMTP port",
+        "[[route]] #2 (domain 'defer.test') is never used: #1 (domain '*.test') comes first and matches every "
+        "domain it does (the first route that matches wins): move it up, or remove it",
+        "[[inbound]] #2 (recipient 'reply+*@app.test') is never used: #1 (domain 'app.test') comes first and takes "
+        "every address it does (the first route that matches wins): move it up, or remove it",
+    ]
+    assert not (tmp_path / "spool").exists()
+
+
+def test_serve_check_warns_of_a_config_holding_secrets_that_others_may_read(tmp_path: Path) -> None:
+    config = tmp_path / "pigeon.toml"
+    config.write_text(
+        '[spool]\npath = "spool"\n[http]\nlocal_token = false\n'
+        '[[http.token]]\nname = "app"\ntoken = "0123456789abcdef0123456789abcdef"\nscopes = ["inject"]\n'
+    )
+    config.chmod(0o644)
+    assert _check_warnings(config) == [
+        f"{config} is readable by other users (mode 0644), and it holds [[http.token]] secrets: chmod 600 {config} "
+        "(or 640 with a group that only the user Pigeon runs as is in)"
+    ]
+    config.chmod(0o600)
+    assert _check_warnings(config) == []
+
+
+def test_serve_check_says_every_warning_the_start_of_the_same_config_says(tmp_path: Path) -> None:
+    """One list of the configuration's warnings, said by both: a warning added to the start
+    and not to --check (or the other way) fails here."""
+    target = {"name": "app", "kind": "log", "path": "handed.log"}
+    token = {"name": "app", "token": "0123456789abcdef0123456789abcdef", "scopes": ["inject"]}
+    routes = [{"domain": domain, "next_hop": "127.0.0.1:9", "tls": "disabled"} for domain in ("*.test", "a.test")]
+    pigeon = PigeonProcess(
+        tmp_path / "node",
+        smtp={"relay_networks": ["127.0.0.0/8", "0.0.0.0/0", "64.0.0.0/3"]},
+        delivery={"max_age": "2m", "delay_warning": "10d"},  # (and off: said too)
+        tables={
+            "route": routes,
+            "target": [target],
+            "inbound": [{"recipient": "*", "target": "app"}, {"domain": "app.test", "target": "app"}],
+            "http.token": [token],
+        },
+    )
+    pigeon.config_path.chmod(0o644)
+    checked = _check_warnings(pigeon.config_path)
+    assert len(checked) >= 7, checked
+    with pigeon:
+        said = pigeon.stderr()
+    # What the environment of the start alone decides (who starts it, its limits) is no
+    # warning about the configuration: --check cannot know it.
+    environment = ("running as root", "open files")
+    started = [
+        line.partition(" WARNING ")[2].partition(": ")[2]
+        for line in said.splitlines()
+        if " main WARNING " in line and not any(word in line for word in environment)
+    ]
+    assert started == checked, said

@@ -127,7 +127,7 @@ def test_a_mailbox_without_redis_is_a_loud_risk_at_start_and_in_healthz(tmp_path
             mailbox = wait_until(lambda: (m := health(node)[1]["inbound"]["support"])["status"] == "ok" and m, 10)
             assert mailbox["arbitration"] == "local"
             assert "another node watching this mailbox would hand every message over again" in mailbox["warning"]
-            assert "WARNING pigeon.node.inbound: mailbox support: no [redis]" in node.stderr()
+            assert "WARNING pigeon.node.node: mailbox support: no [redis]" in node.stderr()
 
 
 def test_two_nodes_on_one_mailbox_without_redis_notice_each_other(tmp_path: Path, dovecot: Dovecot) -> None:

@@ -17,7 +17,7 @@ TOKEN = {"name": "app", "token": "0123456789abcdef0123456789abcdef", "scopes": [
 
 def _warning(path: Path, holds: str, mode: str = "0644") -> str:
     return (
-        f"WARNING pigeon.node.exposure: {path} is readable by other users (mode {mode}), and it holds {holds}: "
+        f"WARNING pigeon.node.node: {path} is readable by other users (mode {mode}), and it holds {holds}: "
         f"chmod 600 {path} (or 640 with a group that only the user Pigeon runs as is in)"
     )
 

@@ -277,3 +277,56 @@ def test_a_single_process_node_the_user_cannot_load_python_from_is_refused_with_
     else:
         assert f"(let that user read it: setfacl -m u:{stranger.pw_name}:rx {os.path.realpath(stdlib)})" in said, said
     assert not (shared_tmp / "node" / "spool" / "shard-0").exists()  # stopped before the node began
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_serve_check_refuses_a_user_out_of_reach_of_the_interpreter_as_a_start_does_and_neither_makes_anything(
+    stranger: pwd.struct_passwd, shared_tmp: Path, workers: int
+) -> None:
+    """Found from outside: --check passed such a config, whose start then failed, having
+    made the spool and log directories and given them to the user already."""
+    needed = sys.executable if workers > 1 else os.path.dirname(os.__file__)
+    runs = subprocess.run(["runuser", "-u", stranger.pw_name, "--", "ls", needed], capture_output=True)
+    if runs.returncode == 0 and workers == 1:
+        pytest.skip(f"{needed} is within reach of every user here")
+    root = shared_tmp / "node"
+    said = _refused_start(root, workers=workers, user=stranger.pw_name)
+    (refusal,) = [line for line in said.splitlines() if line.startswith("pigeon: cannot start: ")]
+    assert f"out of reach of the [node] user {stranger.pw_name!r}" in refusal, said
+    assert not (root / "spool").exists() and not (root / "log").exists(), said  # nothing made, nothing given
+    check = subprocess.run(
+        [sys.executable, "-m", "pigeon", "serve", "--check", "-c", str(root / "pigeon.toml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (check.returncode, check.stdout, check.stderr) == (2, "", f"{refusal}\n")
+    assert not (root / "spool").exists() and not (root / "log").exists()
+
+
+def test_serve_check_judges_a_config_shared_with_the_users_group_as_that_user_would(
+    system_user: pwd.struct_passwd, shared_tmp: Path
+) -> None:
+    """README's set-up: root owns the config, `chgrp pigeon` and 0640. --check run as root
+    must not call that group's members others (the node's processes are in it)."""
+    token = {"name": "app", "token": "0123456789abcdef0123456789abcdef", "scopes": ["inject"]}
+    pigeon = PigeonProcess(shared_tmp / "node", node={"user": system_user.pw_name}, tables={"http.token": [token]})
+    os.chown(pigeon.config_path, 0, system_user.pw_gid)
+    pigeon.config_path.chmod(0o640)
+    check = subprocess.run(
+        [sys.executable, "-m", "pigeon", "serve", "--check", "-c", str(pigeon.config_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (check.returncode, check.stdout) == (0, f"{pigeon.config_path}: ok\n")
+    assert "is readable by" not in check.stderr, check.stderr
+    pigeon.config_path.chmod(0o644)
+    check = subprocess.run(
+        [sys.executable, "-m", "pigeon", "serve", "--check", "-c", str(pigeon.config_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert check.returncode == 0
+    assert f"pigeon: warning: {pigeon.config_path} is readable by other users (mode 0644)" in check.stderr

@@ -22,7 +22,15 @@ from pigeon.config.schema import Config
 from pigeon.node import handed, signals
 from pigeon.node.lock import NodeLocked, take_node_lock
 from pigeon.node.parent_death import ParentGone, follow_parent
-from pigeon.node.privileges import PrivilegeError, drop, give_directories, interpreter_problem, plan
+from pigeon.node.privileges import (
+    PrivilegeError,
+    check_problem,
+    drop,
+    give_directories,
+    groups_of,
+    plan,
+    problem_as,
+)
 from pigeon.node.scheduling import apply_scheduling
 from pigeon.node.sockets import Bound, ListenError, adopt, bind, record_http_address
 from pigeon.redaction import RedactingFormatter, redact
@@ -195,38 +203,34 @@ def run(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     """`--check`: what a start checks before it takes anything (the whole configuration, the
-    files it names, the policy module's import), said, and nothing started: no lock, no
-    listener, no spool. Exit 0, or 2 with the error, as a start refused for it would."""
+    files it names, `[node] user`'s reach of the interpreter, the policy module's import), said,
+    and nothing started: no lock, no listener, no spool. Every warning a start says of the
+    configuration is said too (`config_warnings`). Exit 0 (warnings or none), or 2 with the
+    error, as a start refused for it would."""
+    from pigeon.node.config_warnings import config_warnings
+    from pigeon.node.exposure import Exposure
     from pigeon.policy.hooks import Policy, PolicyLoadError
 
     signals.started()  # (ending of its own accord: no start-up to bound)
     config, _ = _load_with_text(args)
+    try:
+        # Before the policy module's import, as a start asks it: before it imports anything more.
+        problem = check_problem(config.node, workers=config.node.worker_count > 1)
+    except PrivilegeError as error:
+        problem = str(error)
+    if problem is not None:  # (a start exits 1 on it; the check's errors are all 2)
+        print(f"pigeon: cannot start: {problem}", file=sys.stderr)
+        return 2
     if config.policy.module is not None:
         try:
             Policy.from_config(config.policy, config_path=args.config).close()
         except PolicyLoadError as error:
             print(f"pigeon: configuration error: {redact(str(error))}", file=sys.stderr)
             return 2
-    if config.smtp.tls_certificate is not None:
-        from pigeon.listener.tls import expiry_warning
-
-        # Said, not refused: the node starts with it too (a renewal may be on its way).
-        if (warning := expiry_warning(config.smtp.tls_certificate)) is not None:
-            print(f"pigeon: warning: {warning}", file=sys.stderr)
-    from pigeon.config.load import unreachable_delay_warnings
-    from pigeon.node.exposure import untrusted_dane_resolvers, unverified_smart_hosts
-
-    for warning in unreachable_delay_warnings(config):  # (said at start and at each reload too)
+    # Files others may read, judged as for the user the node will run as (its groups).
+    exposure = Exposure(groups_of(config.node))
+    for warning in config_warnings(config, args.config, exposure, start=True):
         print(f"pigeon: warning: {warning}", file=sys.stderr)
-
-    for warning in unverified_smart_hosts(config):  # (said at start and at each reload too)
-        print(f"pigeon: warning: {warning}", file=sys.stderr)
-    from pigeon.route_tenants import shared_account_warnings
-
-    for warning in shared_account_warnings(config.route):  # (said at start and at each reload too)
-        print(f"pigeon: warning: {warning}", file=sys.stderr)
-    if (untrusted := untrusted_dane_resolvers(config)) is not None:  # (said at start too)
-        print(f"pigeon: warning: {untrusted}", file=sys.stderr)
     print(f"{args.config if args.config is not None else 'the defaults (no -c)'}: ok")
     return 0
 
@@ -297,6 +301,14 @@ def _claim(config: Config) -> tuple[int, Bound]:
     a user to become: root may lack the right to create files in the user's spool (systemd's
     capability set has no CAP_DAC_OVERRIDE), so the lock is taken as the user, after the binds."""
     run_as = plan(config.node)
+    if run_as is not None:
+        # Before anything is bound, made or given to the user: a start that stops on it leaves
+        # nothing behind. Asked as the user, by a child that becomes it: what the node imports
+        # from the drop on (all of it, with one process) must be within its reach, or an import
+        # fails mid-start with a traceback instead of this.
+        problem = problem_as(run_as, workers=config.node.worker_count > 1)
+        if problem is not None:
+            raise PrivilegeError(problem)
     listening = Bound(smtp=[], http=[])
     lock: int | None = None
     try:
@@ -309,12 +321,6 @@ def _claim(config: Config) -> tuple[int, Bound]:
         if run_as is not None:
             give_directories([config.spool.path, config.log.path], run_as)
             drop(run_as)
-            # Before anything else, as the user: what the node imports from here on (all of
-            # it, with one process) must be within its reach, or an import fails mid-start
-            # with a traceback instead of this.
-            problem = interpreter_problem(run_as.user, workers=config.node.worker_count > 1)
-            if problem is not None:
-                raise PrivilegeError(problem)
             lock = take_node_lock(config.spool.path)
     except BaseException:
         listening.close()

@@ -10,17 +10,16 @@ users may read it (mode `o+r`), or its group may and that group is none of the n
 as: README's set-up does so with the config file), as ssh does for a private key. Nothing is
 refused: the warning says what to do.
 
-Said by one process of a node (worker 0, as the other warnings of the config), at start and at
-each reload, once per file while it stays so: a file made private and then readable again is
-named again. The HTTP listener has no TLS of its own, so a `[http] listen` address other than
-loopback carries the API's bearer tokens in clear: said at start (a new address takes a
-restart).
+Said by one process of a node (worker 0, with the other warnings of the config:
+`pigeon.node.config_warnings`), at start and at each reload, once per file while it stays so: a
+file made private and then readable again is named again; and by `pigeon serve --check`. The
+HTTP listener has no TLS of its own, so a `[http] listen` address other than loopback carries the
+API's bearer tokens in clear: said at start (a new address takes a restart).
 """
 
 from __future__ import annotations
 
 import ipaddress
-import logging
 import os
 import stat
 import urllib.parse
@@ -30,8 +29,6 @@ from typing import Final
 
 from pigeon.config.schema import Config, PostgresqlTarget, SidekiqTarget, WebhookTarget
 
-_log = logging.getLogger(__name__)
-
 _SECRET_HEADER_WORDS: Final = ("auth", "cookie", "token", "key", "secret", "password", "signature")
 """A webhook header whose name holds one of these is taken to carry a secret (`Authorization`,
 `X-Api-Key`, ...); other headers (`X-Source`) are not."""
@@ -40,13 +37,16 @@ _SECRET_HEADER_WORDS: Final = ("auth", "cookie", "token", "key", "secret", "pass
 class Exposure:
     """What one process has said: each file once while it stays readable by others."""
 
-    def __init__(self) -> None:
+    def __init__(self, groups: frozenset[int] | None = None) -> None:
+        """`groups`: those of the user the node runs as, a file's group among them being no
+        other user's (None: this process's own, as the node's processes are that user)."""
         self._said: set[Path] = set()
+        self._groups = groups
 
-    def warn_files(self, config: Config, config_path: Path | None) -> None:
-        """A WARNING for each file holding secrets that others may read, not said before."""
+    def warnings(self, config: Config, config_path: Path | None) -> Iterator[str]:
+        """What to say of each file holding secrets that others may read, not said before."""
         for path, holds in secret_files(config, config_path):
-            readers = readers_besides_us(path)
+            readers = readers_besides_us(path, self._groups)
             if readers is None:
                 self._said.discard(path)  # fixed: said again if it is ever readable again
                 continue
@@ -54,14 +54,9 @@ class Exposure:
                 continue
             self._said.add(path)
             whom, mode = readers
-            _log.warning(
-                "%s is readable by %s (mode %04o), and it holds %s: chmod 600 %s (or 640 with a group that "
-                "only the user Pigeon runs as is in)",
-                path,
-                whom,
-                mode,
-                holds,
-                path,
+            yield (
+                f"{path} is readable by {whom} (mode {mode:04o}), and it holds {holds}: chmod 600 {path} (or 640 "
+                "with a group that only the user Pigeon runs as is in)"
             )
 
 
@@ -83,12 +78,6 @@ def unverified_smart_hosts(config: Config) -> Iterator[str]:
             "certificate there (an attacker on the path can): set tls_verify = true on the route (and ca_file "
             "for a private CA)"
         )
-
-
-def warn_unverified_smart_hosts(config: Config) -> None:
-    """A WARNING for each route `unverified_smart_hosts` names."""
-    for warning in unverified_smart_hosts(config):
-        _log.warning("%s", warning)
 
 
 def untrusted_dane_resolvers(config: Config, resolv_conf: str = "/etc/resolv.conf") -> str | None:
@@ -135,16 +124,15 @@ def _resolv_conf_nameservers(path: str) -> list[str]:
     return found
 
 
-def warn_http_in_clear(config: Config) -> None:
-    """A WARNING when the API listens beyond loopback: it speaks plain HTTP only."""
+def http_in_clear(config: Config) -> str | None:
+    """What to say when the API listens beyond loopback: it speaks plain HTTP only."""
     listen = config.http.listen
     if _is_loopback(listen.host):
-        return
-    _log.warning(
-        "[http] listen %s is not a loopback address, and the HTTP listener has no TLS: API bearer tokens "
+        return None
+    return (
+        f"[http] listen {listen} is not a loopback address, and the HTTP listener has no TLS: API bearer tokens "
         "(and what the API answers) cross the network in clear; listen on loopback and put a TLS-terminating "
-        "proxy in front for other machines",
-        listen,
+        "proxy in front for other machines"
     )
 
 
@@ -216,9 +204,10 @@ def _has_password(url: str) -> bool:
         return False
 
 
-def readers_besides_us(path: Path) -> tuple[str, int] | None:
-    """Who, besides the user the node runs as, may read `path` ("other users", "the members of
-    group 'staff'"), with the file's mode; None when none may, or the file is not there to say."""
+def readers_besides_us(path: Path, groups: frozenset[int] | None = None) -> tuple[str, int] | None:
+    """Who, besides the user the node runs as (in `groups`; None: this process's), may read
+    `path` ("other users", "the members of group 'staff'"), with the file's mode; None when
+    none may, or the file is not there to say."""
     try:
         status = os.stat(path)
     except OSError:
@@ -226,7 +215,8 @@ def readers_besides_us(path: Path) -> tuple[str, int] | None:
     mode = stat.S_IMODE(status.st_mode)
     if mode & stat.S_IROTH:
         return "other users", mode
-    if mode & stat.S_IRGRP and status.st_gid not in {os.getegid(), *os.getgroups()}:
+    ours = groups if groups is not None else {os.getegid(), *os.getgroups()}
+    if mode & stat.S_IRGRP and status.st_gid not in ours:
         return f"the members of group {_group_name(status.st_gid)}", mode
     return None
 

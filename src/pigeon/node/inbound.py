@@ -15,10 +15,10 @@ import functools
 import logging
 from typing import Any
 
-from pigeon.config.schema import Config, InboundRouteConfig
+from pigeon.config.schema import Config
 from pigeon.inbound import targets
 from pigeon.inbound.arbitration import Arbiter, LocalArbiter, RedisArbiter
-from pigeon.inbound.mailbox import SINGLE_NODE_RISK, MailboxWatcher
+from pigeon.inbound.mailbox import MailboxWatcher
 from pigeon.inbound.marks import marks_path
 from pigeon.inbound.notes import Notes, RedisNotes
 from pigeon.inbound.routes import PREFIX
@@ -83,7 +83,6 @@ class Inbound:
         ]
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
-        self._first = watch  # the worker that says what concerns the whole node
 
     async def start(self) -> None:
         for target in self.targets.values():
@@ -91,21 +90,7 @@ class Inbound:
                 await target.start()
             except Exception as error:  # its messages wait and are retried; the node runs on
                 _log.error("target %s could not start: %s", target.name, error)
-        if self.config.redis.url is None:
-            for watcher in self.watchers:
-                # Loud: N nodes on one mailbox without Redis hand every message over N times.
-                _log.warning(
-                    "mailbox %s: %s (run one node per mailbox, or give the nodes a shared [redis] url)",
-                    watcher.config.name,
-                    SINGLE_NODE_RISK,
-                )
-        if self._first and self.config.inbound and not self.config.delivery.enabled:
-            # A receive-only node is an easy trap: its mailboxes work, its SMTP routes wait.
-            _log.warning(
-                "[delivery] enabled = false: SMTP mail for the [[inbound]] routes %s is accepted and spooled, but "
-                "not handed to its target until delivery is enabled ([[mailbox]]es are watched as usual)",
-                ", ".join(_route_name(route) for route in self.config.inbound),
-            )
+        # (What it says of its configuration, worker 0 says with the rest: `config_warnings`.)
         for watcher in self.watchers:
             self._watch(watcher)
 
@@ -174,9 +159,3 @@ class Inbound:
             error = target.failing or target.problem
             health[name] = {"status": "degraded" if error else "ok", "error": redact(error) if error else None}
         return health
-
-
-def _route_name(route: InboundRouteConfig) -> str:
-    """An `[[inbound]]` route as a warning names it: "recipient reply+*@app.example -> app"."""
-    which = f"recipient {route.recipient}" if route.recipient else f"domain {route.domain}"
-    return f"{which} -> {route.target}"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fnmatch
 import gc
 import logging
 import signal
@@ -23,15 +22,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 from aiohttp import web
 from prometheus_client import generate_latest
 
-from pigeon.config.load import ConfigError, load, load_text, unbindable_sources, unreachable_delay_warnings
+from pigeon.config.load import ConfigError, load, load_text, unbindable_sources
 from pigeon.config.patterns import host_port
-from pigeon.config.schema import Config, InboundRouteConfig, Network, RouteConfig
+from pigeon.config.schema import Config, InboundRouteConfig
 from pigeon.inbound.routes import InboundRoute, InboundRoutes
 from pigeon.intake import Intake
 from pigeon.listener.auth_throttle import AuthLimits, AuthThrottle
@@ -53,8 +52,9 @@ from pigeon.logs.writer import LogWriter
 from pigeon.message import format_id
 from pigeon.metrics import LogState, Metrics
 from pigeon.node import collector, signals
+from pigeon.node.config_warnings import config_warnings
 from pigeon.node.descriptors import open_files_limit, share
-from pigeon.node.exposure import Exposure, warn_http_in_clear, warn_unverified_smart_hosts
+from pigeon.node.exposure import Exposure
 from pigeon.node.notify import sd_notify
 from pigeon.node.sockets import Bound, ListenError
 from pigeon.node.standing import INTERNAL_PATH, keep_node_rules, say_run_out, take, take_node_rules
@@ -62,7 +62,7 @@ from pigeon.node.standing import decode as decode_standing
 from pigeon.policy.hooks import Policy, PolicyLoadError, PolicyModule
 from pigeon.queue.admin import Admin
 from pigeon.queue.policy import InboundFailures
-from pigeon.route_tenants import RouteTenants, shared_account_warnings
+from pigeon.route_tenants import RouteTenants
 from pigeon.shaping.effects import Board
 from pigeon.shaping.reactions import ReactionError
 from pigeon.shaping.rules import SETTINGS
@@ -190,25 +190,9 @@ class Node:
             from pigeon.dkim.signing import Signing
 
             self.signing = Signing(_signers(config.dkim))
-            if self.worker == 0:
-                _warn_shared_keys(config.dkim)
-        if self.worker == 0:
-            _warn_certificate_expiry(config)
-            _warn_open_relay(config.smtp.relay_networks)
-            _warn_dead_routes(config.route)
-            for warning in shared_account_warnings(config.route):
+        if self.worker == 0:  # (every worker reads the same)
+            for warning in config_warnings(config, self.config_path, self._exposure, start=True):
                 _log.warning("%s", warning)
-            warn_unverified_smart_hosts(config)
-            _warn_inbound_routes(config.inbound)
-            for warning in unreachable_delay_warnings(config):  # (worker 0: every worker reads the same)
-                _log.warning("%s", warning)
-            if not config.delivery.enabled:
-                # Said once for the node: nothing else tells a node that only accepts from one
-                # that delivers, until mail is found waiting.
-                _log.warning(
-                    "delivery is off ([delivery] enabled = false): mail is accepted and spooled, and none delivered "
-                    "until it is enabled and the node restarted"
-                )
         # Said by each worker: one started again (its sources are the node's start's) may be
         # the only one to find an address gone since.
         _warn_unbindable_sources(config)
@@ -287,9 +271,6 @@ class Node:
                     self.broadcast.consume(self._apply, self.outbound.admin.adopt), name="admin stream"
                 )
         tls_context = _tls_context(config)
-        if self.worker == 0:  # (after the self-signed key and the local token are made, if they are)
-            self._exposure.warn_files(config, self.config_path)
-            warn_http_in_clear(config)
         passwords = PasswordFile.load(smtp.auth_users) if smtp.auth_users is not None else None
         auth_throttle, client_connections = _client_limits(config, self.worker, self._workers)
         # A worker's public HTTP listener is its supervisor's: it has only its control socket.
@@ -665,18 +646,9 @@ class Node:
         self.smtp.set_relay_networks([network.network for network in smtp.relay_networks])
         self.tokens.take(config, running.spool.path)
         if self.worker == 0:
-            _warn_shared_keys(config.dkim)
-            _warn_certificate_expiry(config)
-            _warn_open_relay(config.smtp.relay_networks)
-            _warn_dead_routes(config.route)
-            for warning in shared_account_warnings(config.route):
-                _log.warning("%s", warning)
-            warn_unverified_smart_hosts(config)
-            _warn_inbound_routes(config.inbound)
-            for warning in unreachable_delay_warnings(config):  # (worker 0: every worker reads the same)
+            for warning in config_warnings(config, self.config_path, self._exposure, start=False):
                 _log.warning("%s", warning)
             _warn_unbindable_sources(config)
-            self._exposure.warn_files(config, self.config_path)
         for key in changed_keys(running, config):
             if key.startswith("[policy]"):
                 continue  # its module could not be imported: said above, and the old one runs
@@ -1065,118 +1037,12 @@ def _signers(configs: list[DkimConfig]) -> Signers:
         raise ConfigError(str(error)) from None
 
 
-def _warn_shared_keys(configs: list[DkimConfig]) -> None:
-    """Log `shared_key_warnings` (said by worker 0 alone: every worker reads the same blocks)."""
-    if not configs:
-        return
-    from pigeon.dkim.signing import shared_key_warnings
-
-    for warning in shared_key_warnings(configs):
-        _log.warning("%s", warning)
-
-
-_WIDE_RELAY_PREFIX: Final = {4: 8, 6: 16}
-"""A relay network with a shorter prefix than this that is not all private addresses
-(10.0.0.0/8 and fc00::/7 are not warned about) takes in a good part of the Internet."""
-
-
-def _warn_certificate_expiry(config: Config) -> None:
-    """Warn when the listener's configured certificate has expired or soon will (worker 0
-    alone: every worker presents the same one). The self-signed one Pigeon makes is left
-    out: no client verifies it anyway."""
-    from pigeon.listener.tls import expiry_warning
-
-    certificate = config.smtp.tls_certificate
-    if certificate is not None and (warning := expiry_warning(certificate)) is not None:
-        _log.warning("%s", warning)
-
-
 def _warn_unbindable_sources(config: Config) -> None:
     """Warn about each `[[source]]` whose address cannot be bound now. Only the node's first
     start refuses one (a typo); afterwards an address may be gone for a while, and the rest
     of the node's mail must go on: the source's mail waits with `451 4.4.1`."""
     for warning in unbindable_sources(config):
         _log.warning("%s", warning)
-
-
-def _warn_dead_routes(routes: list[RouteConfig]) -> None:
-    """Warn about each `[[route]]` an earlier one shadows: the first that matches a domain
-    wins, so a later one that matches nothing the earlier does not is never used (said, not
-    refused: the order may be a slip, or an edit in progress). Said by worker 0 alone."""
-    for later, route in enumerate(routes):
-        pattern = route.domain.lower()
-        for earlier, first in enumerate(routes[:later]):
-            # An earlier glob that matches the later pattern's own text matches every domain
-            # the later one does ("*.test" shadows "*.mx.test" and "a.test").
-            if fnmatch.fnmatchcase(pattern, first.domain.lower()):
-                _log.warning(
-                    "[[route]] #%d (domain %r) is never used: #%d (domain %r) comes first and matches every domain "
-                    "it does (the first route that matches wins): move it up, or remove it",
-                    later + 1,
-                    route.domain,
-                    earlier + 1,
-                    first.domain,
-                )
-                break
-
-
-def _warn_inbound_routes(routes: list[InboundRouteConfig]) -> None:
-    """Warn about an `[[inbound]]` route that takes every domain's mail (relayed mail too: it
-    goes to the target, not out), and about each an earlier one hides (the first that matches
-    wins, in the file's order). Said, not refused: a node that only receives may mean it."""
-    patterns = [_inbound_pattern(route) for route in routes]
-    for index, (route, pattern) in enumerate(zip(routes, patterns, strict=True)):
-        domain = pattern.rpartition("@")[2]
-        if domain.strip("*") == "":
-            _log.warning(
-                "[[inbound]] #%d (%s) takes mail for every domain: what clients of relay_networks or AUTH send "
-                "to any domain goes to target %r too, not out; name the application's domains if it should not",
-                index + 1,
-                _inbound_text(route),
-                route.target,
-            )
-        for earlier, first in enumerate(patterns[:index]):
-            # As for [[route]]s: an earlier glob that matches the later pattern's own text
-            # matches every address the later one does.
-            if fnmatch.fnmatchcase(pattern, first):
-                _log.warning(
-                    "[[inbound]] #%d (%s) is never used: #%d (%s) comes first and takes every address it does "
-                    "(the first route that matches wins): move it up, or remove it",
-                    index + 1,
-                    _inbound_text(route),
-                    earlier + 1,
-                    _inbound_text(routes[earlier]),
-                )
-                break
-
-
-def _inbound_pattern(route: InboundRouteConfig) -> str:
-    """A route's addresses as one glob over `local@domain`."""
-    if route.recipient is not None:
-        return route.recipient.lower() if "@" in route.recipient else f"{route.recipient.lower()}@*"
-    return f"*@{(route.domain or '').lower()}"
-
-
-def _inbound_text(route: InboundRouteConfig) -> str:
-    return f"recipient {route.recipient!r}" if route.recipient is not None else f"domain {route.domain!r}"
-
-
-def _warn_open_relay(networks: list[Network]) -> None:
-    """Warn about each `relay_networks` entry that lets much of the Internet relay: then
-    Pigeon is an open relay, unless a firewall keeps all but one's own clients from its
-    SMTP port (said, not refused: that may be how it runs). Said by worker 0 alone."""
-    for entry in networks:
-        network = entry.network
-        if network.prefixlen >= _WIDE_RELAY_PREFIX[network.version] or network.is_private:
-            continue
-        what = "the whole Internet" if network.prefixlen == 0 else f"{network.num_addresses:,} addresses"
-        _log.warning(
-            "[smtp] relay_networks entry %r covers %s: any client there may relay mail through Pigeon to "
-            "any domain without AUTH (an open relay); keep it only if a firewall lets none but your own "
-            "clients reach the SMTP port",
-            str(entry),
-            what,
-        )
 
 
 def _tls_context(config: Config) -> ssl.SSLContext | None:

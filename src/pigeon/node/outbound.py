@@ -38,7 +38,6 @@ from pigeon.logs.writer import LogWriter
 from pigeon.message import Envelope, Message, Recipient
 from pigeon.metrics import DeliveryState, Metrics
 from pigeon.node.engine import build_engine
-from pigeon.node.exposure import untrusted_dane_resolvers
 from pigeon.policy.delivery import DeliveryHooks
 from pigeon.policy.hooks import Policy
 from pigeon.queue.pacing import QueueRates
@@ -92,9 +91,6 @@ class Outbound:
         classifier = Classifier.from_files(delivery.bounce_rules)
         nameservers = [(e.host, e.port) for e in config.dns.nameservers]
         self.resolver = Resolver(nameservers or None, timeout=config.dns.timeout, dnssec=config.dane.enabled)
-        if worker == 0 and (untrusted := untrusted_dane_resolvers(config)) is not None:
-            # The AD bit is worth what the path to the resolver is: an attacker on it sets it at will.
-            _log.warning("%s", untrusted)
         # SMTP TLS reporting (RFC 8460): sessions under a policy counted in memory, reported by
         # worker 0 at each interval's end (`pigeon.delivery.tls_reporter`).
         rpt = config.tls_rpt

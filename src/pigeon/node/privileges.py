@@ -233,6 +233,59 @@ def interpreter_problem(user: str | None, *, workers: bool = True) -> str | None
     return None
 
 
+def problem_as(run_as: RunAs, *, workers: bool) -> str | None:
+    """`interpreter_problem` as `run_as` finds it, asked by a child process that becomes that
+    user (the kernel's own rules: its groups, ACLs) while this one stays root: a start asks it
+    before it makes or gives anything, so one that stops on it leaves no spool or log directory
+    given to the user behind; `pigeon serve --check`, which becomes no one, asks it too.
+    Raises `PrivilegeError` when the child cannot become the user or answer."""
+    reading, writing = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child (coverage does not follow it): answers, then exits
+        status = 1
+        try:
+            os.close(reading)
+            os.initgroups(run_as.user, run_as.gid)
+            os.setgid(run_as.gid)
+            os.setuid(run_as.uid)
+            problem = interpreter_problem(run_as.user, workers=workers)
+            with os.fdopen(writing, "wb") as answer:
+                answer.write((problem or "").encode())
+            status = 0
+        finally:
+            os._exit(status)  # nothing of the parent's (its atexit, its buffers) runs twice
+    os.close(writing)
+    with os.fdopen(reading, "rb") as answer:
+        said = answer.read().decode()
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise PrivilegeError(
+            f"[node] user = {run_as.user!r}: cannot check as that user that it can reach the interpreter "
+            f"{sys.executable} (a process that became it exited with status {os.waitstatus_to_exitcode(status)})"
+        )
+    return said or None
+
+
+def check_problem(node: NodeConfig, *, workers: bool) -> str | None:
+    """For `pigeon serve --check`: what a start of this process's user would stop on because
+    `[node] user` cannot reach the interpreter (`problem_as`), as root starting a node that
+    drops to it. Nothing to ask started as the user itself (it runs this interpreter) or as a
+    third user (who cannot switch: which user starts the node, the check cannot know)."""
+    run_as = identity(node)
+    if run_as is None or os.geteuid() != 0 or run_as.uid == 0:
+        return None
+    return problem_as(run_as, workers=workers)
+
+
+def groups_of(node: NodeConfig) -> frozenset[int] | None:
+    """The groups the node's processes will have, started by this process's user: those of
+    `[node] user` as root drops to it; None: this process's own (it runs as them)."""
+    run_as = identity(node)
+    if run_as is None or os.geteuid() != 0:
+        return None
+    return frozenset(os.getgrouplist(run_as.user, run_as.gid))
+
+
 def _import_directories(stdlib: str) -> list[str]:
     """The directories of `sys.path` this process imported modules from (the standard
     library's first): where it, and a worker started with the same path, will import from."""

@@ -3,7 +3,6 @@ listening beyond loopback in clear."""
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 
@@ -15,9 +14,9 @@ from pigeon.config.schema import Config, Endpoint
 from pigeon.node.exposure import (
     Exposure,
     config_secrets,
+    http_in_clear,
     readers_besides_us,
     untrusted_dane_resolvers,
-    warn_http_in_clear,
 )
 
 
@@ -65,23 +64,32 @@ def test_a_file_is_judged_by_its_other_and_group_bits(tmp_path: Path) -> None:
         assert found is not None and found[0].startswith("the members of group ") and found[1] == 0o640
 
 
-def test_each_file_is_named_once_while_it_stays_readable(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_each_file_is_named_once_while_it_stays_readable(tmp_path: Path) -> None:
     users = tmp_path / "users"
     users.write_text("")
     users.chmod(0o644)
     config = _config(smtp={"starttls": False}, http={"local_token": False})
     config.smtp.auth_users = users
     exposure = Exposure()
-    with caplog.at_level(logging.WARNING, "pigeon.node.exposure"):
-        exposure.warn_files(config, None)
-        exposure.warn_files(config, None)
-        assert len(caplog.records) == 1
-        assert f"chmod 600 {users}" in caplog.records[0].getMessage()
-        users.chmod(0o600)
-        exposure.warn_files(config, None)
-        users.chmod(0o644)  # made readable again: named again
-        exposure.warn_files(config, None)
-    assert len(caplog.records) == 2
+    said = [*exposure.warnings(config, None)]
+    assert len(said) == 1 and f"chmod 600 {users}" in said[0]
+    assert [*exposure.warnings(config, None)] == []
+    users.chmod(0o600)
+    assert [*exposure.warnings(config, None)] == []
+    users.chmod(0o644)  # made readable again: named again
+    assert [*exposure.warnings(config, None)] == said
+
+
+def test_a_group_is_judged_by_the_groups_of_the_user_the_node_runs_as(tmp_path: Path) -> None:
+    """`serve --check` run as root judges a file shared with the node's user's group (README's
+    `chgrp pigeon` and 0640) as that user would: not readable by anyone else."""
+    secret = tmp_path / "secret"
+    secret.write_text("x")
+    secret.chmod(0o640)
+    group = os.stat(secret).st_gid
+    assert readers_besides_us(secret, frozenset({group})) is None
+    found = readers_besides_us(secret, frozenset({group + 4242}))
+    assert found is not None and found[0].startswith("the members of group ") and found[1] == 0o640
 
 
 @pytest.mark.parametrize(
@@ -89,22 +97,18 @@ def test_each_file_is_named_once_while_it_stays_readable(tmp_path: Path, caplog:
     [("127.0.0.1:8025", False), ("[::1]:8025", False), ("localhost:8025", False), ("0.0.0.0:8025", True),
      ("[::]:8025", True), ("192.0.2.7:8025", True)],
 )  # fmt: skip
-def test_an_api_beyond_loopback_is_said_to_carry_its_tokens_in_clear(
-    listen: str, warned: bool, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_an_api_beyond_loopback_is_said_to_carry_its_tokens_in_clear(listen: str, warned: bool) -> None:
     config = _config()
     config.http.listen = Endpoint(listen)
-    with caplog.at_level(logging.WARNING, "pigeon.node.exposure"):
-        warn_http_in_clear(config)
-    said = [record.getMessage() for record in caplog.records]
+    said = http_in_clear(config)
     if warned:
-        assert said == [
+        assert said == (
             f"[http] listen {listen} is not a loopback address, and the HTTP listener has no TLS: API bearer "
             "tokens (and what the API answers) cross the network in clear; listen on loopback and put a "
             "TLS-terminating proxy in front for other machines"
-        ]
+        )
     else:
-        assert said == []
+        assert said is None
 
 
 def test_dane_trusting_nameservers_beyond_loopback_is_said_naming_them_and_localhost_is_loopback(
