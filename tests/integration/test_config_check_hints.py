@@ -100,4 +100,7 @@ def test_a_postfix_parameter_is_pointed_at_what_takes_its_place(tmp_path: Path) 
         ' a [[route]] with domain = "*" and next_hop = "host:port" (see the README, "Migrating from Postfix")\n'
     )
     said = _check(tmp_path, '[delivery]\nmaximal_queue_lifetime = "5d"\n').stderr
-    assert "[delivery] maximal_queue_lifetime: unknown key: Postfix's maximal_queue_lifetime is here [delivery] max_age" in said
+    assert (
+        "[delivery] maximal_queue_lifetime: unknown key: Postfix's maximal_queue_lifetime is here [delivery] max_age"
+        in said
+    )

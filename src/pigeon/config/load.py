@@ -1543,7 +1543,8 @@ POSTFIX_PARAMETERS: Final = {
     "header_checks": "is here the policy hook on_message ([policy] module) returning"
     " Changes(remove_headers=[...]) or Refuse(...)",
     "sender_canonical_maps": "is here the policy hook on_message ([policy] module) returning Changes(sender=...)",
-    "smtp_destination_concurrency_limit": "is here connection_limit, in [delivery] or per domain or site in [[shaping]]",
+    "smtp_destination_concurrency_limit": "is here connection_limit, in [delivery] or per domain or site in"
+    " [[shaping]]",
     "smtp_destination_rate_delay": 'is here max_message_rate ("1/s"), in [delivery], [[shaping]] or [[queue]]',
     "maximal_queue_lifetime": "is here [delivery] max_age (or max_age per [[queue]])",
     "delay_warning_time": "is here [delivery] delay_warning (or delay_warning per [[queue]])",
@@ -1599,7 +1600,7 @@ def _explain(message: str, path: Path, text: str, data: Any = None) -> str:
             # Wherever it is written: a key's spelling close to a Postfix name's ("did you mean
             # 'connection_limit'?" for hopcount_limit) would send its user the wrong way.
             reason = reason.split(":", 1)[0]
-            reason += f": Postfix's {keys[-1]} {instead} (see the README, \"Migrating from Postfix\")"
+            reason += f': Postfix\'s {keys[-1]} {instead} (see the README, "Migrating from Postfix")'
         elif owners:  # a [[target]] key of another kind: "did you mean" would name the same key
             reason = f"not a key of this kind (a key of kind {', '.join(map(repr, owners))})"
         elif close:
