@@ -118,6 +118,20 @@ def test_show_changed_prints_only_the_keys_the_file_sets(tmp_path: Path) -> None
     _same(config, again)
 
 
+def test_show_changed_prints_no_empty_section_header_before_its_array_of_tables(tmp_path: Path) -> None:
+    # A file of [[http.token]] blocks alone showed an "[http]" with nothing under it first.
+    config = tmp_path / "pigeon.toml"
+    config.write_text('[[http.token]]\nname = "ops"\ntoken = "tok-0123456789abcdef"\nscopes = ["read"]\n')
+    shown = _cli("config", "show", "--changed", "-c", str(config))
+    assert shown.returncode == 0, shown.stderr
+    body = [line for line in shown.stdout.splitlines() if not line.startswith("#")]
+    assert body == ["[[http.token]]", 'name = "ops"', 'token = "***"', 'scopes = ["read"]']
+    # A section with keys of its own keeps its header, before its blocks.
+    config.write_text('[http]\nlisten = "127.0.0.1:8025"\n' + config.read_text())
+    body = [line for line in _cli("config", "show", "--changed", "-c", str(config)).stdout.splitlines()]
+    assert body[1:4] == ["[http]", 'listen = "127.0.0.1:8025"', ""] and body[4] == "[[http.token]]"
+
+
 def test_show_without_a_file_prints_the_defaults_which_load_as_the_defaults(tmp_path: Path) -> None:
     shown = _cli("config", "show")
     assert shown.returncode == 0, shown.stderr

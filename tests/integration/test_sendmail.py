@@ -275,6 +275,24 @@ def test_an_f_that_is_no_one_address_is_refused_and_adds_no_esmtp_parameter(
     assert not any(b"marker-nf" in m.data for m in sink.received)
 
 
+def test_an_f_of_words_with_no_address_is_refused_naming_it_not_cut_to_its_first_word(
+    node: PigeonProcess, sink: ScriptedSink
+) -> None:
+    # "John Doe" went as MAIL FROM:<John@host>: bounces to an address nobody meant. Postfix's
+    # sendmail takes -f's argument as one address; words that are none are refused (64) as a
+    # recipient's are, the value named.
+    for sender in ("John Doe", "Doe, John <jd@corp.test>", "John Doe (the boss)"):
+        result = sendmail(node.config_path, "-f", sender, "to@example.net", message=b"Subject: x\n\nmarker-words\n")
+        assert result.returncode == 64, (sender, result.stderr)
+        assert f"-f '{sender}': not an address".encode() in result.stderr, result.stderr
+    # What names one address still goes, as Postfix's sendmail takes it.
+    for sender, marker in (('"Doe, John" <jd@corp.test>', b"marker-quoted"), ("<jd@corp.test>", b"marker-angle")):
+        result = sendmail(node.config_path, "-f", sender, "to@example.net", message=b"Subject: x\n\n%s\n" % marker)
+        assert result.returncode == 0, (sender, result.stderr)
+        assert arrived(sink, marker).sender == "jd@corp.test"
+    assert not any(b"marker-words" in m.data for m in sink.received)
+
+
 def test_a_non_ascii_f_is_sent_with_smtputf8(node: PigeonProcess, sink: ScriptedSink) -> None:
     result = sendmail(node.config_path, "-f", "jörg@corp.test", "-F", "Jörg", "to@example.net",
                       message=b"Subject: x\n\nmarker-utf8\n")  # fmt: skip

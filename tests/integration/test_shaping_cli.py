@@ -56,7 +56,7 @@ def test_check_accepts_a_good_file_with_a_summary(tmp_path: Path) -> None:
     result = pigeon_cli("shaping", "check", "pigeon.toml", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.splitlines() == [
-        "pigeon.toml: OK",
+        "pigeon.toml: ok",  # (as `pigeon serve --check` says it)
         "  [[provider]] blocks: 1; providers known: 12",
         "  [[shaping]] blocks: 2 (1 by domain, 1 by provider)",
         "  shipped provider defaults: on",

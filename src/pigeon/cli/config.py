@@ -142,8 +142,12 @@ def to_toml(config: dict[str, Any]) -> str:
 
 
 def _table(lines: list[str], path: list[str], table: dict[str, Any], header: str) -> None:
-    lines.extend(("", header) if lines else (header,))
     nested = {key: value for key, value in table.items() if _is_tables(value)}
+    if header.startswith("[[") or not nested or len(nested) < len(table):
+        # A section of arrays of tables alone ([[http.token]] blocks) needs no header of its
+        # own: an empty "[http]" above them read as a section set to nothing. (One the file
+        # writes with nothing in it keeps it: that is what it sets; a block's always starts it.)
+        lines.extend(("", header) if lines else (header,))
     for key, value in table.items():
         if key not in nested:
             lines.append(f"{_key(key)} = {toml_spelling(value)}")

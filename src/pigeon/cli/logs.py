@@ -16,6 +16,7 @@ import msgspec
 
 from pigeon.cli.common import add_config_option, load_config
 from pigeon.config.schema import DURATION_TEXT, DURATION_UNITS
+from pigeon.delivery.classify import known_classes
 from pigeon.logs.peer_text import shown
 from pigeon.logs.reader import follow, merged_lines
 from pigeon.logs.records import RECORD_TYPES
@@ -47,8 +48,9 @@ to case, and a domain written as its U-label (bücher.example) or its A-label
 (xn--bcher-kva.example) is one domain. --sender '' (or '<>') finds the null sender's records,
 not those that name no sender.
 
-Exits 0; 2 for a usage error: no log directory where --dir or [log] path says, an unknown --type,
-a time it cannot read, --until with --follow.
+Exits 0; 2 for a usage error: no log directory where --dir or [log] path says, an unknown --type
+or --classification (with -c, those of its [delivery] bounce_rules files are known too), a time
+it cannot read, an --until not after --since, --until with --follow.
 """
 
 
@@ -208,8 +210,21 @@ def _when(text: str, now: float) -> float:
     return moment.timestamp()  # a naive one is local time, as `date` shows it
 
 
+def _shown_time(moment: float) -> str:
+    """A moment as --since and --until take it, in local time to the second."""
+    return datetime.datetime.fromtimestamp(moment).astimezone().isoformat(timespec="seconds")
+
+
 def run(args: argparse.Namespace) -> int:
-    directory = args.dir if args.dir is not None else load_config(args, enough=[("log", "path")]).log.path
+    # The configuration for [log] path, and for the classes its `[delivery] bounce_rules` give
+    # when --classification is checked against them (with --dir alone, the built-in ones).
+    directory: Path = args.dir
+    rule_files: list[Path] = []
+    if args.dir is None or (args.classification and args.config is not None):
+        enough = [("log", "path"), ("delivery", "bounce_rules")] if args.classification else [("log", "path")]
+        config = load_config(args, enough=enough)
+        directory = args.dir if args.dir is not None else config.log.path
+        rule_files = config.delivery.bounce_rules
     if not directory.is_dir():  # a usage error, as every other command's (exit 2)
         given = "--dir" if args.dir is not None else "[log] path"
         why = "is not a directory" if directory.exists() else "does not exist"
@@ -223,6 +238,16 @@ def run(args: argparse.Namespace) -> int:
             print(f"pigeon: no record type {kind!r}; the types are {', '.join(known.values())}", file=sys.stderr)
             return 2
         wanted.add(known[kind.lower()])
+    classes = {name.lower(): name for name in known_classes(rule_files)}
+    for name in args.classification or ():
+        if name.strip().lower() not in classes:
+            # Else nothing printed, exit 0: read as "no mail of that class", for ever.
+            ours = "" if args.config is not None else " (give -c FILE for those of its [delivery] bounce_rules files)"
+            print(
+                f"pigeon: no bounce class {name!r}; the classes are {', '.join(classes.values())}{ours}",
+                file=sys.stderr,
+            )
+            return 2
     if args.until is not None and args.follow:
         print("pigeon: --until ends what --follow would keep printing: give one of them", file=sys.stderr)
         return 2
@@ -232,6 +257,15 @@ def run(args: argparse.Namespace) -> int:
         until = _when(args.until, now) if args.until is not None else None
     except ValueError as error:
         print(f"pigeon: {error}", file=sys.stderr)
+        return 2
+    if since is not None and until is not None and until <= since:
+        # "--since 2h --until 3h" (three hours ago is the earlier): no record can be between
+        # them, and an empty answer would read as "nothing happened then".
+        print(
+            f"pigeon: --until {args.until!r} ({_shown_time(until)}) is not after --since {args.since!r}"
+            f" ({_shown_time(since)}): no record is between them",
+            file=sys.stderr,
+        )
         return 2
     wanted_record = _Filter(
         wanted,

@@ -199,10 +199,11 @@ def envelope_sender(value: str) -> str:
     value = value.strip()
     if value in ("", "<>"):
         return ""
-    found = email.utils.getaddresses([value])
-    address = found[0][1] if len(found) == 1 else ""
-    # (A local part alone is checked with a domain: `check` wants a mailbox.)
-    if not address or check(address if "@" in address else f"{address}@example.org") is not None:
+    # Read as a recipient is, not with email.utils.getaddresses: of "John Doe" (no address)
+    # that made "John", sent as MAIL FROM:<John@host>, where bounces would go to nobody meant.
+    pieces = [piece for piece in _pieces(value) if piece.strip()]
+    address = _address_in(pieces[0]) if len(pieces) == 1 else None
+    if address is None:
         raise UsageError(f"-f {value!r}: not an address (give one: user@example.org, or Name <user@example.org>)")
     return address
 
@@ -218,12 +219,8 @@ def _split_list(word: str) -> list[str]:
         text = piece.strip()
         if not text:
             continue  # ("a@x," or "a@x,,b@y": as Postfix, nothing between commas is nothing)
-        address = text
-        if text.endswith(">") and "<" in text:  # (a display name before it is no part of it)
-            address = text[text.rindex("<") + 1 : -1].strip()
-        if address.startswith("@") and ":" in address:
-            address = address.split(":", 1)[1].strip()
-        if not address or check(address if "@" in address else f"{address}@example.org") is not None:
+        address = _address_in(text)
+        if address is None:
             shown_piece = "" if text == word.strip() else f": {shown(text)!r} is not an address"
             raise UsageError(
                 f"recipient '{shown(word)}'{shown_piece or ' is not an address'} (give user@example.org,"
@@ -231,6 +228,22 @@ def _split_list(word: str) -> list[str]:
             )
         addresses.append(address)
     return addresses
+
+
+def _address_in(text: str) -> str | None:
+    """The address `text` (one piece of an address list, comments gone) names, or None if it
+    names none: of "Name <a@x>" the address, a source route dropped; a local part alone
+    ("root") is one, which `run` qualifies."""
+    text = text.strip()
+    address = text
+    if text.endswith(">") and "<" in text:  # (a display name before it is no part of it)
+        address = text[text.rindex("<") + 1 : -1].strip()
+    if address.startswith("@") and ":" in address:
+        address = address.split(":", 1)[1].strip()
+    # (A local part alone is checked with a domain: `check` wants a mailbox.)
+    if not address or check(address if "@" in address else f"{address}@example.org") is not None:
+        return None
+    return address
 
 
 def _pieces(word: str) -> list[str]:

@@ -134,7 +134,7 @@ def run_check(args: argparse.Namespace) -> int:
     rules = ShapingRules.from_config(config, path, path.read_text(encoding="utf-8"))
     by_domain = sum(1 for block in config.shaping if block.domain is not None)
     shipped = "on" if config.delivery.provider_defaults else "off ([delivery] provider_defaults = false)"
-    print(f"{path}: OK")
+    print(f"{path}: ok")  # (as `pigeon serve --check` says it)
     print(f"  [[provider]] blocks: {len(config.provider)}; providers known: {len(rules.providers)}")
     by_provider = len(config.shaping) - by_domain
     print(f"  [[shaping]] blocks: {len(config.shaping)} ({by_domain} by domain, {by_provider} by provider)")

@@ -1517,6 +1517,54 @@ def _resolve(path: Path, base: Path) -> Path:
     return path if path.is_absolute() else base / path
 
 
+_ROUTE_AUTH: Final = "is here auth_username with auth_password_file (or auth_password) in the smart host's [[route]]"
+_NO_RECIPIENT_REWRITING: Final = (
+    "has no counterpart here: no hook changes a recipient; a [[route]] (or a policy's Changes(route=...))"
+    " changes where its mail goes"
+)
+POSTFIX_PARAMETERS: Final = {
+    "relayhost": 'is here a [[route]] with domain = "*" and next_hop = "host:port"',
+    "smtp_sasl_auth_enable": _ROUTE_AUTH,
+    "smtp_sasl_password_maps": _ROUTE_AUTH,
+    "smtp_tls_security_level": 'is here tls, in [delivery] or a [[route]] ("required" for encrypt, "opportunistic"'
+    " for may), and [dane] enabled = true for dane",
+    "smtp_tls_wrappermode": 'is here tls = "implicit" in the smart host\'s [[route]]',
+    "transport_maps": 'is here a [[route]] for each domain, with domain = "example.net" and next_hop = "host:port"',
+    "smtp_tls_policy_maps": "for MTA-STS is here built in, on by default ([mta_sts] enabled)",
+    "smtp_tlsrpt_enable": "is here [tls_rpt] enabled = true",
+    "myhostname": "is here [smtp] hostname",
+    "smtp_helo_name": "is here [delivery] helo_name",
+    "smtpd_banner": "is here [smtp] banner (the text after the hostname)",
+    "message_size_limit": "is here [smtp] max_message_size",
+    "mynetworks": "is here [smtp] relay_networks",
+    "smtpd_client_restrictions": "is here the policy hook on_connect ([policy] module) returning Refuse(...)",
+    "smtpd_sender_restrictions": "is here the policy hook on_mail_from ([policy] module) returning Refuse(...)",
+    "smtpd_recipient_restrictions": "is here the policy hook on_rcpt_to ([policy] module) returning Refuse(...)",
+    "header_checks": "is here the policy hook on_message ([policy] module) returning"
+    " Changes(remove_headers=[...]) or Refuse(...)",
+    "sender_canonical_maps": "is here the policy hook on_message ([policy] module) returning Changes(sender=...)",
+    "smtp_destination_concurrency_limit": "is here connection_limit, in [delivery] or per domain or site in"
+    " [[shaping]]",
+    "smtp_destination_rate_delay": 'is here max_message_rate ("1/s"), in [delivery], [[shaping]] or [[queue]]',
+    "maximal_queue_lifetime": "is here [delivery] max_age (or max_age per [[queue]])",
+    "delay_warning_time": "is here [delivery] delay_warning (or delay_warning per [[queue]])",
+    "bounce_notice_recipient": "has no counterpart here: nothing is mailed to the postmaster (the event log has"
+    " it); DSNs come from [delivery] dsn_from",
+    "smtp_mx_address_limit": "is here [delivery] mx_address_limit",
+    "smtp_mx_session_limit": "is here [delivery] mx_session_limit",
+    "hopcount_limit": "is here [smtp] max_hops",
+    "disable_mime_output_conversion": "is here [delivery] eight_bit_conversion (true, the default, for = no)",
+    "notify_classes": "has no counterpart here: nothing is mailed to the postmaster; refusals and double bounces"
+    " are in the event log (pigeon logs; a [[log_hook]] sends them on)",
+    "bounce_queue_lifetime": "has no counterpart here: a DSN has the max_age of its recipient's domain's queue"
+    " (a [[queue]] block for that domain can shorten it)",
+    "recipient_canonical_maps": _NO_RECIPIENT_REWRITING,
+    "virtual_alias_maps": _NO_RECIPIENT_REWRITING,
+}
+"""The main.cf parameters of the README's "Migrating from Postfix", and what takes the place of
+each: said when one is written in the file (an unknown key), wherever it is written."""
+
+
 def _explain(message: str, path: Path, text: str, data: Any = None) -> str:
     """msgspec's `message` about the file `path` as Pigeon says it: the file, line and key (an
     array of tables' by its number), and what was expected in words (`data`: what the file
@@ -1547,7 +1595,13 @@ def _explain(message: str, path: Path, text: str, data: Any = None) -> str:
             if keys[-1] in getattr(member, "__struct_fields__", ())
         ]
         close = difflib.get_close_matches(keys[-1], known, n=1)
-        if owners:  # a [[target]] key of another kind: "did you mean" would name the same key
+        instead = POSTFIX_PARAMETERS.get(keys[-1])
+        if instead is not None:
+            # Wherever it is written: a key's spelling close to a Postfix name's ("did you mean
+            # 'connection_limit'?" for hopcount_limit) would send its user the wrong way.
+            reason = reason.split(":", 1)[0]
+            reason += f': Postfix\'s {keys[-1]} {instead} (see the README, "Migrating from Postfix")'
+        elif owners:  # a [[target]] key of another kind: "did you mean" would name the same key
             reason = f"not a key of this kind (a key of kind {', '.join(map(repr, owners))})"
         elif close:
             reason += f" (did you mean {close[0]!r}?)"

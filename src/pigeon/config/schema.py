@@ -256,10 +256,19 @@ def decode_hook(kind: type, value: Any) -> Any:
     if kind is Network:
         if isinstance(value, str):
             try:
-                ipaddress.ip_network(value, strict=False)
+                network = ipaddress.ip_network(value, strict=False)
             except ValueError:
                 pass
             else:
+                address = ipaddress.ip_interface(value).ip
+                if address != network.network_address:
+                    # "10.0.0.1/8": a typo in who may relay, or in which network is meant
+                    # (10.0.0.1/32?); taken as 10.0.0.0/8 it would quietly open the relay to
+                    # a whole network. Refused, naming both readings.
+                    raise ValueError(
+                        f"{value!r} has host bits set: did you mean {str(network)!r}? "
+                        f"(or '{address}/{network.max_prefixlen}' for the one address)"
+                    )
                 return Network(value)
         raise ValueError(f'{_given(value)} is not an IP network like "127.0.0.0/8" or "::1"')
     if kind is Peer or kind is NameserverPeer:
@@ -444,7 +453,7 @@ class SmtpConfig(_Section):
     some old clients look for before they send EHLO. "": the hostname alone."""
     relay_networks: list[Network] = msgspec.field(default_factory=lambda: [Network("127.0.0.0/8"), Network("::1/128")])
     """Clients in these networks may send to any domain. Others must authenticate. A list, or one
-    network as a string."""
+    network as a string. A network with host bits set ("10.0.0.1/8") is refused at load."""
     postmaster: str = ""
     """Where mail for <postmaster> (no domain) goes; anyone may send it (RFC 5321 4.5.1).
     Default: postmaster@<hostname>."""

@@ -107,13 +107,31 @@ class Classifier:
             # What says why is at a reply's start; the rest of a long reply (a remote server
             # chooses its length) only costs each rule's search a scan of it.
             head = line[:_CLASSIFIED_TEXT]
-            label = next((rule.label for rule in self._rules if rule.pattern.search(head)), "Uncategorized")
+            label = next((rule.label for rule in self._rules if rule.pattern.search(head)), UNCATEGORIZED)
             if len(line) > _CACHED_LINE:
                 return label  # not kept: a server may send long text, all different, as often as it likes
             if len(self._cache) > 10_000:
                 self._cache.clear()
             self._cache[line] = label
         return label
+
+
+UNCATEGORIZED: Final = "Uncategorized"
+"""The class of a reply no rule matched."""
+
+
+def known_classes(rule_files: Sequence[Path] = ()) -> list[str]:
+    """The bounce classes a record may carry: those of `rule_files` (`[delivery] bounce_rules`;
+    one that cannot be read gives none: the node refuses it at load), the built-in table's, and
+    `Uncategorized`; each once, in that order."""
+    labels: list[str] = []
+    for path in rule_files:
+        try:
+            labels += [rule.label for rule in load_rules(path)]
+        except RuleFileError:
+            continue
+    labels += [label for label, _ in _BUILT_IN]
+    return list(dict.fromkeys([*labels, UNCATEGORIZED]))
 
 
 def load_rules(path: Path) -> list[Rule]:

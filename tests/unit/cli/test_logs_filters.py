@@ -177,6 +177,57 @@ def test_a_time_it_cannot_read_is_a_usage_error(tmp_path: Path, args: list[str],
     assert said in result.stderr
 
 
+@pytest.mark.parametrize(("since", "until"), [("2h", "3h"), ("1h", "1h"), ("2027-01-15T10:00", "2027-01-15T09:00")])
+def test_an_until_not_after_since_is_a_usage_error_not_an_empty_answer(tmp_path: Path, since: str, until: str) -> None:
+    # "--since 2h --until 3h" (3 hours ago is before 2 hours ago) printed nothing and exited 0:
+    # read as "no such records", when no record could ever be between them.
+    _write(tmp_path, time.time())
+    result = _logs(tmp_path, "--since", since, "--until", until)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith(f"pigeon: --until {until!r} (")
+    assert f"is not after --since {since!r} (" in result.stderr and "no record is between them" in result.stderr
+
+
+def test_an_unknown_classification_is_a_usage_error_listing_the_known_ones(tmp_path: Path) -> None:
+    # "--classification nosuchclass" printed nothing and exited 0, as if no mail had that class.
+    _write(tmp_path, time.time())
+    result = _logs(tmp_path, "--classification", "QuotaIssues", "--classification", "nosuchclass")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("pigeon: no bounce class 'nosuchclass'; the classes are ")
+    assert all(name in result.stderr for name in ("QuotaIssues", "PolicyRelated", "BadConnection", "Uncategorized"))
+    assert _logs(tmp_path, "--classification", "quotaissues").returncode == 0  # (in any case, as before)
+
+
+def test_a_classification_of_the_configured_rule_files_is_known(tmp_path: Path) -> None:
+    # A class a `[delivery] bounce_rules` file gives is in the records as the built-in ones are.
+    (tmp_path / "log").mkdir()
+    (tmp_path / "rules.toml").write_text('[[rule]]\nclass = "GreylistedHere"\npattern = "greylist"\n')
+    (tmp_path / "pigeon.toml").write_text('[log]\npath = "log"\n[delivery]\nbounce_rules = ["rules.toml"]\n')
+    _write_records(tmp_path / "log", [
+        {"type": "TransientFailure", "id": "00000000000000c3", "timestamp": time.time(), "sender": "a@src.test",
+         "recipient": "b@example.com", "classification": "GreylistedHere"},
+    ])  # fmt: skip
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pigeon",
+            "logs",
+            "-c",
+            str(tmp_path / "pigeon.toml"),
+            "--classification",
+            "greylistedhere",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert [json.loads(line)["id"] for line in result.stdout.splitlines()] == ["00000000000000c3"]
+    refused = _logs(tmp_path / "log", "--classification", "GreylistedHere")  # (--dir alone: no rule files)
+    assert refused.returncode == 2 and "give -c" in refused.stderr
+
+
 def _write_records(directory: Path, records: list[dict[str, object]]) -> None:
     (directory / "20270115-000000-000000-w0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
