@@ -629,7 +629,7 @@ class MailboxWatcher:
             # (Redis back without its data: claims stay paused until holders could put theirs
             # back, as the arbiter said; "resumed" is said when that pause is over, not before.)
             self._claims_paused = False
-            _log.warning("mailbox %s: arbitration answers again; claims resumed", self.config.name)
+            _log.info("mailbox %s: arbitration answers again; claims resumed", self.config.name)
         self.last_error = None
         self._trouble_since = None
         self._maybe_resolved()
@@ -755,7 +755,7 @@ class MailboxWatcher:
                 self.fetch_error = redact(f"cannot fetch UIDs {uids}: {type(error).__name__}: {error}{times}")
             raise
         if self.fetch_error is not None:
-            _log.warning("mailbox %s: fetching works again", self.config.name)
+            _log.info("mailbox %s: fetching works again", self.config.name)
             self.fetch_error = None
             self._maybe_resolved()
         self._fetch_failures = 0
@@ -1249,8 +1249,8 @@ class MailboxWatcher:
             self._unmarked += len(claims)
             return
         if self._unmarked:
-            _log.warning("mailbox %s: handoffs are marked done again; %d could not be while arbitration was away",
-                         self.config.name, self._unmarked)  # fmt: skip
+            _log.info("mailbox %s: handoffs are marked done again; %d could not be while arbitration was away",
+                      self.config.name, self._unmarked)  # fmt: skip
             self._unmarked = 0
 
     async def _write_kept(self, records: list[Record]) -> None:
@@ -1506,7 +1506,7 @@ class MailboxWatcher:
         waits flagged for its own."""
         if self.source_error is None or self._held_at_source:
             return
-        _log.warning("mailbox %s: acknowledging at the source works again", self.config.name)
+        _log.info("mailbox %s: acknowledging at the source works again", self.config.name)
         self.source_error = None
         self._maybe_resolved()
 
@@ -1677,6 +1677,6 @@ class MailboxWatcher:
                 pause = min(1.0, interval)  # again soon, not a third of a lease later
                 continue
             if failing_since is not None:
-                _log.warning("mailbox %s: claims renewed again, after %d failed attempts in %.0fs", self.config.name,
-                             failures, time.monotonic() - failing_since)  # fmt: skip
+                _log.info("mailbox %s: claims renewed again, after %d failed attempts in %.0fs", self.config.name,
+                          failures, time.monotonic() - failing_since)  # fmt: skip
                 failing_since = None
