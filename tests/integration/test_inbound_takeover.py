@@ -193,10 +193,19 @@ def test_what_a_node_killed_mid_batch_held_is_recorded_as_taken_over_from_it(
             wait_until(lambda: not dovecot.unseen("app"), 30)
             records = survivor.wait_records("InboundDelivery", 6)
             # All 4 taken over: in one claim, or in shares (the survivor may still count the
-            # victim among the live nodes when it claims: `Arbiter.live` is learnt each beat).
-            said = re.compile(rf"took over (\d+) messages from node victim \(token {token}\), whose heartbeat stopped")
-            wait_until(lambda: sum(int(n) for n in said.findall(survivor.stderr())) == 4, 10)
-            lines = [line for line in survivor.stderr().splitlines() if said.search(line)]
+            # victim among the live nodes when it claims: `Arbiter.live` is learnt each beat),
+            # said by the first share's line and, after shares, one closing line's total.
+            first = re.compile(
+                rf"took over (\d+) messages? from node victim \(token {token}\), whose heartbeat stopped"
+            )
+            closing = re.compile(rf"took over (\d+) more messages? from node victim \(token {token}\) in later batches")
+
+            def total() -> int:
+                logged = survivor.stderr()
+                return sum(int(n) for n in first.findall(logged) + closing.findall(logged))
+
+            wait_until(lambda: total() == 4, 10)
+            lines = [line for line in survivor.stderr().splitlines() if first.search(line) or closing.search(line)]
         finally:
             for node in (victim, survivor):
                 node.kill()
@@ -242,3 +251,36 @@ def test_a_taken_over_message_s_records_name_the_dead_node_through_its_retries(
         assert record["taken_over_from"] == DEAD, record
         assert record["dedupe_key"] == hashlib.sha256(raw).hexdigest()
     assert said.count(f"took over 1 message from node {DEAD}") == 1, said
+
+
+def test_a_takeover_in_several_batches_is_one_info_line_and_one_closing_total(
+    tmp_path: Path, dovecot: Dovecot, redis_server: RedisServer
+) -> None:
+    """A dead node's messages taken over in several batches (a small `batch`, or a big backlog)
+    were one INFO line per batch: 14 lines within 4 s for one takeover. Now the first batch says
+    it, as before, and one line ends it with how many it took in all."""
+    raws = [customer_mail(i) for i in range(7)]
+    uids = dovecot.append("app", raws)
+    redis_in_use_for_a_while(redis_server)
+    client = redis_server.client()
+    for uid in uids[:5]:  # held when it died
+        client.set(claim_key(dovecot, uid), f"c:{DEAD}.7:0", px=60_000)
+    for uid in uids[5:]:  # handed over, not acknowledged
+        client.set(claim_key(dovecot, uid), f"d:{DEAD}", px=86_400_000)
+    with WebhookApp() as app:
+        box = imap_mailbox(dovecot, "hook", batch=2)
+        with hook_node(tmp_path, redis_server, app, box) as node:
+            wait_until(lambda: not dovecot.unseen("app"), 30)
+            node.wait_records("InboundDelivery", 7)
+            closing = node.wait_stderr(f"more messages from node {DEAD} in later batches", timeout=10)
+            time.sleep(0.5)
+            said = [line for line in node.stderr().splitlines() if f"from node {DEAD}" in line]
+    assert sum(app.accepted.values()) == 5
+    assert len(said) == 2, said
+    first, last = said
+    assert re.search(rf"INFO .*mailbox support: took over 2 messages from node {DEAD}, whose heartbeat stopped", first)
+    assert re.search(
+        rf"INFO .*mailbox support: took over 5 more messages from node {DEAD} in later batches: 7 in all, "
+        rf"5 it held .*; 2 it had handed over",
+        last,
+    ), closing

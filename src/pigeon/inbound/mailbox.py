@@ -210,6 +210,28 @@ class _Fetched:
     prepared: asyncio.Task[Prepared | None] | None = None
 
 
+@dataclass(slots=True)
+class _Takeover:
+    """What this mailbox took over from one dead node after the line that said so: its later
+    batches are summed into one closing line, not a line each (one takeover, one line)."""
+
+    claims: int  # in all: held by the dead node, to hand over again
+    dones: int  # in all: handed over by it, to acknowledge and record for it
+    first: int  # how many the first line named
+    ongoing: bool = True  # took some in the round under way
+
+
+def _taken_over(claims: int, dones: int) -> str:
+    """What a takeover line says of the messages taken over: what becomes of each kind."""
+    what = []
+    if claims:
+        what.append(f"{claims} it held and may have handed over already, to hand over again (their "
+                    f"records say taken_over_from)")  # fmt: skip
+    if dones:
+        what.append(f"{dones} it had handed over, to acknowledge and record for it (recovered_from)")
+    return "; ".join(what)
+
+
 class MailboxWatcher:
     """Runs until cancelled; reconnects with backoff after any error."""
 
@@ -247,6 +269,7 @@ class MailboxWatcher:
         self._elsewhere: dict[int, float] = {}  # UID: monotonic time to ask about it again
         self._settled_before: set[int] = set()  # UIDs found done/failed by another node once
         self._orphans: dict[str, Claim] = {}  # done marks taken from dead nodes, not yet recorded
+        self._takeovers: dict[str, _Takeover] = {}  # dead node (as logs name it): taken over, said once
         # What this node handed over (or recovered for a dead node) and has not acknowledged at
         # the source yet, by claim key: never handed over again, whatever Redis says (it may have
         # lost the done marks) and across sessions (one lost before the acknowledgement). The
@@ -411,6 +434,7 @@ class MailboxWatcher:
             renewer.cancel()
             noting.cancel()
             outages.cancel()
+            self._end_takeovers(everything=True)
             self._warn_unacknowledged()
             await self._syncs.wait()  # the last batch's records, on disk before we go
 
@@ -629,7 +653,7 @@ class MailboxWatcher:
             # (Redis back without its data: claims stay paused until holders could put theirs
             # back, as the arbiter said; "resumed" is said when that pause is over, not before.)
             self._claims_paused = False
-            _log.warning("mailbox %s: arbitration answers again; claims resumed", self.config.name)
+            _log.info("mailbox %s: arbitration answers again; claims resumed", self.config.name)
         self.last_error = None
         self._trouble_since = None
         self._maybe_resolved()
@@ -649,6 +673,7 @@ class MailboxWatcher:
         searched = set(uids)
         self._orphans = {key: claim for key, claim in self._orphans.items() if claim.uid in searched}
         if not uids:
+            self._end_takeovers(everything=True)
             self._elsewhere.clear()
             self._settled_before.clear()
             self._target_idle()
@@ -733,6 +758,7 @@ class MailboxWatcher:
             # once rather than left to expire: no node would touch it for a whole lease.
             await self._give_back([c for c in taken + claimed if self.held.get(c.key) is c])
             self._between_batches.set()
+            self._end_takeovers(everything=not pending)
         if done:
             # Our own handoffs that Redis forgot (claimed again just now): done marks again.
             await self._mark_done([c for c in done if c.standing is Standing.CLAIMED])
@@ -755,7 +781,7 @@ class MailboxWatcher:
                 self.fetch_error = redact(f"cannot fetch UIDs {uids}: {type(error).__name__}: {error}{times}")
             raise
         if self.fetch_error is not None:
-            _log.warning("mailbox %s: fetching works again", self.config.name)
+            _log.info("mailbox %s: fetching works again", self.config.name)
             self.fetch_error = None
             self._maybe_resolved()
         self._fetch_failures = 0
@@ -825,22 +851,49 @@ class MailboxWatcher:
                         self._settled_before.add(claim.uid)
                 self._elsewhere[claim.uid] = now + pause
         for node, (claims, dones) in taken.items():
+            # One takeover, one line: a dead node's messages come in as many claims as the
+            # batches that reach them (a line each was 14 lines in 4 s for one takeover); the
+            # later ones are summed, and said in one closing line (`_end_takeovers`).
+            takeover = self._takeovers.get(node)
+            if takeover is not None:
+                takeover.claims += claims
+                takeover.dones += dones
+                takeover.ongoing = True
+                continue
+            self._takeovers[node] = _Takeover(claims, dones, claims + dones)
             if not self._arbiter.shared:  # (done marks only: an earlier run of this node left them)
                 _log.info("mailbox %s: %d message%s handed over by an earlier run of this node, %s, which stopped "
                           "before the source took their acknowledgement: acknowledging them now, without handing them "
                           "over again, and recording them (recovered_from)", config.name, dones,
                           "" if dones == 1 else "s", node)  # fmt: skip
                 continue
-            what = []
-            if claims:
-                what.append(f"{claims} it held and may have handed over already, to hand over again (their "
-                            f"records say taken_over_from)")  # fmt: skip
-            if dones:
-                what.append(f"{dones} it had handed over, to acknowledge and record for it (recovered_from)")
             count = claims + dones
             _log.info("mailbox %s: took over %d message%s from node %s, whose heartbeat stopped: %s", config.name,
-                      count, "" if count == 1 else "s", node, "; ".join(what))  # fmt: skip
+                      count, "" if count == 1 else "s", node, _taken_over(claims, dones))  # fmt: skip
         return waiting
+
+    def _end_takeovers(self, *, everything: bool) -> None:
+        """At the end of a round: the takeovers it took nothing more for end (`everything`: all
+        of them, the round having gone through the whole list its search found, or the watcher
+        stopping), each with one line of what came after its first one, if anything did. A
+        takeover goes on through the rounds of one backlog, each serving a few seconds of it."""
+        for node, takeover in list(self._takeovers.items()):
+            if takeover.ongoing and not everything:
+                takeover.ongoing = False
+                continue
+            del self._takeovers[node]
+            count = takeover.claims + takeover.dones
+            more = count - takeover.first
+            if not more:
+                continue
+            if not self._arbiter.shared:
+                _log.info("mailbox %s: %d more message%s handed over by an earlier run of this node, %s, in later "
+                          "batches: %d in all, acknowledged without handing them over again", self.config.name, more,
+                          "" if more == 1 else "s", node, count)  # fmt: skip
+                continue
+            _log.info("mailbox %s: took over %d more message%s from node %s in later batches: %d in all, %s",
+                      self.config.name, more, "" if more == 1 else "s", node, count,
+                      _taken_over(takeover.claims, takeover.dones))  # fmt: skip
 
     def _due_again(self, searched: set[int]) -> list[int]:
         now = time.monotonic()
@@ -1249,8 +1302,8 @@ class MailboxWatcher:
             self._unmarked += len(claims)
             return
         if self._unmarked:
-            _log.warning("mailbox %s: handoffs are marked done again; %d could not be while arbitration was away",
-                         self.config.name, self._unmarked)  # fmt: skip
+            _log.info("mailbox %s: handoffs are marked done again; %d could not be while arbitration was away",
+                      self.config.name, self._unmarked)  # fmt: skip
             self._unmarked = 0
 
     async def _write_kept(self, records: list[Record]) -> None:
@@ -1506,7 +1559,7 @@ class MailboxWatcher:
         waits flagged for its own."""
         if self.source_error is None or self._held_at_source:
             return
-        _log.warning("mailbox %s: acknowledging at the source works again", self.config.name)
+        _log.info("mailbox %s: acknowledging at the source works again", self.config.name)
         self.source_error = None
         self._maybe_resolved()
 
@@ -1677,6 +1730,6 @@ class MailboxWatcher:
                 pause = min(1.0, interval)  # again soon, not a third of a lease later
                 continue
             if failing_since is not None:
-                _log.warning("mailbox %s: claims renewed again, after %d failed attempts in %.0fs", self.config.name,
-                             failures, time.monotonic() - failing_since)  # fmt: skip
+                _log.info("mailbox %s: claims renewed again, after %d failed attempts in %.0fs", self.config.name,
+                          failures, time.monotonic() - failing_since)  # fmt: skip
                 failing_since = None

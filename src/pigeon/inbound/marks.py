@@ -152,7 +152,7 @@ class MarkFile:
         self._fd = fd
         self._lines = len(self.marks)
         if self.error is not None:
-            _log.warning("inbound: done marks are kept in %s again", self.path)
+            _log.info("inbound: done marks are kept in %s again", self.path)
             self.error = None
 
     def _failed(self, error: OSError) -> None:

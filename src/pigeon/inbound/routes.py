@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from pigeon.queue.policy import InboundFailures
-from pigeon.smtp.address import a_label, plain_local
+from pigeon.smtp.address import a_label, local_value
 
 PREFIX: Final = "inbound:"
 _DEFAULT: Final = InboundFailures()
@@ -42,7 +42,9 @@ class InboundRoutes:
     def __init__(self, routes: list[InboundRoute]) -> None:
         self._routes = [
             dataclasses.replace(
-                r, recipient=r.recipient.lower() if r.recipient else None, domain=r.domain.lower() if r.domain else None
+                r,
+                recipient=_glob_value(r.recipient) if r.recipient else None,
+                domain=r.domain.lower() if r.domain else None,
             )
             for r in routes
         ]
@@ -82,15 +84,26 @@ class InboundRoutes:
         if address in self._cache:
             return self._cache[address]
         # The domain as its A-label, as the config's globs are written (`config.patterns`); a
-        # quoted local part as the dot-string it may be (`"billing"` is `billing`, RFC 5321 4.1.2).
+        # quoted local part as its value, the quotes being only syntax (RFC 5321 4.1.2):
+        # `"billing"` is `billing`, and `"reply+q z"` is `reply+q z`, which `reply+*@...`
+        # takes. (Kept quoted, a glob's `reply+*` never matched it: unknown to a client
+        # outside relay_networks, relayed to the domain's MX, this node, for a relay client.)
+        # Only the match: the address travels on as it was written.
         local, at, domain = address.lower().rpartition("@")
-        local, domain = (plain_local(local), a_label(domain)) if at else (local, domain)
+        local, domain = (local_value(local), a_label(domain)) if at else (local, domain)
         lowered = f"{local}@{domain}" if at else domain
         route = next((r for r in self._routes if r.matches(lowered, domain)), None)
         if len(self._cache) > 50_000:
             self._cache.clear()
         self._cache[address] = route
         return route
+
+
+def _glob_value(pattern: str) -> str:
+    """A recipient glob in lower case, its local part as its value when written as a quoted
+    string (`"reply+*"@app.example` is `reply+*@app.example`), as addresses are matched."""
+    local, at, domain = pattern.lower().rpartition("@")
+    return f"{local_value(local)}@{domain}" if at else pattern.lower()
 
 
 def _literal_domain(pattern: str) -> str | None:

@@ -380,12 +380,27 @@ def plain_local(local: str) -> str:
     is a dot-string written bare (RFC 5321 4.1.2: `"dd"` is `dd`, and the bare form SHOULD be
     sent); any other quoted string with only the quoted pairs it needs (`"a\\ b"` is `"a b"`).
     A dot-string, or what is no quoted string, is returned as it is."""
-    if len(local) < 2 or not (local.startswith('"') and local.endswith('"')):  # (one quote is no quoted string)
+    if not _quoted(local):
         return local
-    content = re.sub(r"\\(.)", r"\1", local[1:-1])  # a quoted pair stands for its character
+    content = local_value(local)
     if _DOT_STRING.fullmatch(content):
         return content
     return '"' + re.sub(r'(["\\])', r"\\\1", content) + '"'
+
+
+def local_value(local: str) -> str:
+    """What a local part stands for: a quoted string's content with its quoted pairs resolved
+    (`"reply+q z"` is `reply+q z`, `"a\\"b"` is `a"b`, `"dd"` is `dd`: RFC 5321 4.1.2, quoting is
+    only syntax); anything else as it is. What a glob over addresses matches, never what is
+    written onward: a value that is no dot-string needs its quotes back (`plain_local`)."""
+    if not _quoted(local):
+        return local
+    return re.sub(r"\\(.)", r"\1", local[1:-1])  # a quoted pair stands for its character
+
+
+def _quoted(local: str) -> bool:
+    """Whether `local` is written as a quoted string (one quote alone is none)."""
+    return len(local) >= 2 and local.startswith('"') and local.endswith('"')
 
 
 @functools.lru_cache(maxsize=8192)  # an IDN costs ~20 us; a recipient's domain is asked for per rule and queue

@@ -67,12 +67,23 @@ def test_inbound_routes_match_address_globs_then_domains_in_order() -> None:
     assert routes.routing_key("billing@app.example") == "inbound:billing"
     assert routes.routing_key('"billing"@app.example') == "inbound:billing"  # the same mailbox (RFC 5321 4.1.2)
     assert routes.routing_key('"reply+42"@app.example') == "inbound:replies"
+    # A quoted local part that is no dot-string is matched by its value (the quotes are syntax).
+    assert routes.routing_key('"reply+q z"@app.example') == "inbound:replies"
+    assert routes.routing_key('"Reply+q\\ z"@app.example') == "inbound:replies"
+    assert routes.routing_key('"billing "@app.example') == "inbound:catchall"
     assert routes.routing_key("reply+42@APP.example") == "inbound:replies"
     assert routes.routing_key("anyone@eu.app.example") == "inbound:helpdesk"
     assert routes.routing_key("support@app.example") == "inbound:catchall"
     assert routes.routing_key("someone@elsewhere.example") is None
     assert routes.target("anyone@eu.app.example") == "helpdesk"
     assert routes.target("someone@elsewhere.example") is None
+
+
+def test_an_inbound_recipient_glob_written_quoted_matches_the_values_it_names() -> None:
+    routes = InboundRoutes([InboundRoute("replies", recipient='"Reply+*"@app.example')])
+    assert routes.target("reply+1@app.example") == "replies"
+    assert routes.target('"reply+q z"@app.example') == "replies"
+    assert routes.target("other@app.example") is None
 
 
 def test_retry_delay_doubles_up_to_the_cap() -> None:

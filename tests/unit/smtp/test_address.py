@@ -219,6 +219,14 @@ def test_a_quoted_local_part_goes_bare_when_it_is_a_dot_string_and_quoted_when_i
     assert address.with_a_label('"a@b"@example.net') == '"a@b"@example.net'
 
 
+def test_a_local_part_s_value_is_a_quoted_string_s_content_with_its_quoted_pairs_resolved() -> None:
+    assert address.local_value('"reply+q z"') == "reply+q z"
+    assert address.local_value('"a\\"b\\\\c"') == 'a"b\\c'
+    assert address.local_value('"dd"') == address.local_value("dd") == "dd"
+    assert address.local_value('""') == ""
+    assert address.local_value('"') == '"'  # one quote is no quoted string
+
+
 @pytest.mark.parametrize("route", ["@r1.test:", "@r1.test,@r2.test:", "@[192.0.2.1]:"])
 def test_a_source_route_is_taken_off_an_smtp_path_and_refused_in_an_address_saying_so(route: str) -> None:
     """RFC 5321 4.1.1.3 and appendix C: SMTP takes a source route and may ignore it; an API's

@@ -431,8 +431,8 @@ class PostgresqlTarget(Target):
 
     def _answering(self) -> None:
         if self._outage is not None:
-            _log.warning("target %s: PostgreSQL at %s answers again; rows are committed", self.name,
-                         redact(self._config.dsn))  # fmt: skip
+            _log.info("target %s: PostgreSQL at %s answers again; rows are committed", self.name,
+                      redact(self._config.dsn))  # fmt: skip
             self._outage = None
 
     async def close(self) -> None:
