@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
 from pathlib import Path
 
@@ -102,6 +103,7 @@ async def test_a_file_that_cannot_be_written_is_said_and_the_marks_stay_in_memor
 async def test_marks_a_full_disk_kept_from_the_file_are_in_it_once_it_has_room(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="pigeon.inbound.marks")  # (the recovery is said at INFO)
     path = tmp_path / "inbound-marks"
     arbiter = LocalArbiter(path)
     first, second, third = await arbiter.claim(_KEYS, 30)
