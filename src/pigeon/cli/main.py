@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Sequence
@@ -26,10 +27,30 @@ class _Parser(argparse.ArgumentParser):
         return parsed, unknown
 
 
-def build_parser() -> argparse.ArgumentParser:
-    # Imported here, not with this module: `main` has things to do before their second of imports.
-    from pigeon.cli import admin, cluster, config, dkim, inject, logs, passwd, quarantine, serve, shaping, top
+COMMANDS: Final = {
+    "serve": "serve",
+    "config": "config",
+    "logs": "logs",
+    "passwd": "passwd",
+    "inject": "inject",
+    **dict.fromkeys(("bounce", "hold", "inspect", "queue", "rebind", "resume", "retry", "suspend"), "admin"),
+    "top": "top",
+    "cluster": "cluster",
+    "dkim": "dkim",
+    "shaping": "shaping",
+    "quarantine": "quarantine",
+}
+"""Each sub-command and the module of this package that registers it, in the order `pigeon
+--help` lists them."""
 
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; given the `command` invoked, only its module is imported.
+
+    Each module imports what its commands need at its top (the node, the admin client, the
+    DKIM keys, ...): about a third of a second of imports in all, which every `pigeon`
+    process would otherwise pay, the node's workers and every operator command included.
+    Without a command it knows (`pigeon --help`, a misspelt one), every module is."""
     parser = _Parser(
         prog="pigeon",
         description="Pigeon, a Mail Transfer Agent.",
@@ -38,8 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"pigeon {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (serve, config, logs, passwd, inject, admin, top, cluster, dkim, shaping, quarantine):
-        module.register(commands)
+    wanted = [COMMANDS[command]] if command in COMMANDS else list(dict.fromkeys(COMMANDS.values()))
+    for name in wanted:
+        importlib.import_module(f"pigeon.cli.{name}").register(commands)
     # Listed only: `main` hands its command line to `pigeon.cli.sendmail` whole, as sendmail's
     # own options (-t, -oi, -fme@x) are no argparse's.
     commands.add_parser("sendmail", help="the sendmail(1) command line: a message on stdin, over SMTP", add_help=False)
@@ -70,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         signals.hold(watch=True)
         # And no cyclic garbage collection until it has started: see `pigeon.node.collector`.
         collector.pause()
-    args = build_parser().parse_args(arguments)
+    args = build_parser(arguments[0] if arguments else None).parse_args(arguments)
     try:
         result: int = args.run(args)
         sys.stdout.flush()
