@@ -22,7 +22,7 @@ import pytest
 from pigeon.message import parse_id, shard_of
 from tests.support.process import PigeonProcess
 from tests.support.services import RedisServer
-from tests.support.sinks import ScriptedSink, delivery_config
+from tests.support.sinks import ScriptedSink, delivery_config, wait_until
 
 ADMIN = "admin-token-0123456789"
 TOKENS = [{"name": "ops", "token": ADMIN, "scopes": ["admin", "read"]}]
@@ -118,3 +118,36 @@ def test_a_bounce_and_a_hold_by_id_issued_while_their_node_was_stopped_are_appli
     assert sorted(r["id"] for r in a.records("AdminBounce")) == sorted(bounced)
     assert sorted(r["id"] for r in a.records("AdminHold")) == sorted(held)
     assert a.stderr().count("applied before this node delivers anything") == 2, a.stderr()  # each worker
+
+
+def test_a_write_by_id_while_redis_is_away_says_the_other_nodes_were_not_reached_not_that_the_message_is_nowhere(
+    cluster: tuple[PigeonProcess, PigeonProcess], redis_server: RedisServer
+) -> None:
+    # An outside tester: with Redis killed, `pigeon bounce --id X` on b, X queued on a, said
+    # "X  not found: delivered, bounced or expired already, or no such message", exit 0 (HTTP
+    # 200), and a delivered X later. So did the others: exit 0 for an answer of b alone.
+    a, b = cluster
+    _api(a, "POST", "/api/v1/admin/suspend", {"domain": "d1.test"})
+    [elsewhere] = _inject(a, "user@d1.test", 1)
+    [here] = _inject(b, "user@d1.test", 1)
+    redis_server.kill()
+    shown = _pigeon(b, "bounce", "--id", elsewhere, "--id", here, "--reason", "r")
+    assert shown.returncode == 75, shown.stdout + shown.stderr
+    assert f"  {here}  node b: bounced (1 recipient)" in shown.stdout, shown.stdout
+    assert f"  {elsewhere}  not found on node b; the other nodes were not reached (Redis cannot be reached)" in (
+        shown.stdout
+    ), shown.stdout
+    assert "no such message" not in shown.stdout, shown.stdout
+    status, answer = _api(b, "POST", "/api/v1/admin/hold", {"messages": [elsewhere], "reason": "r"})
+    assert status == 200, answer
+    assert answer["messages"] == [{"id": elsewhere, "result": "unknown", "not_found_on": ["b"]}], answer
+    assert answer["cluster"]["nodes"] == {"b": "done"} and answer["cluster"]["others_unreached"] is True, answer
+    for command in (("retry", "--domain", "d1.test"), ("rebind", "--domain", "d1.test", "--routing-domain", "d2.test")):
+        shown = _pigeon(b, *command)
+        assert shown.returncode == 75, shown.stdout + shown.stderr
+        assert "Redis cannot be reached" in shown.stdout, shown.stdout
+    shown = _pigeon(b, "suspend", "--domain", "d3.test")
+    assert shown.returncode == 75, shown.stdout + shown.stderr
+    assert "sent to the other nodes once Redis answers" in shown.stdout, shown.stdout
+    assert [r["id"] for r in a.records("AdminBounce")] == [], "a heard nothing"
+    wait_until(lambda: a.records("AdminBounce") == [] and [r["id"] for r in b.records("AdminBounce")] == [here], 5)

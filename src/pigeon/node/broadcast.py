@@ -71,7 +71,9 @@ and logs an error), and `send_unsent` does not send it. Each stays under its id 
 
 Redis being away never stops an operation on the node that was asked: it is applied here,
 and the answer says, under `cluster`, that the other nodes were not told (for a rule or its
-end: that they are told once Redis answers).
+end: that they are told once Redis answers), and does not cover them (`others_unreached`): of a
+write by id, a message this node does not hold is `unknown`, not `not_found`, for another node
+may hold it.
 """
 
 from __future__ import annotations
@@ -126,6 +128,9 @@ _READ_REPLAY: Final = 5.0  # seconds after which a read is dropped unanswered: n
 AT_START: Final = "at_start"
 """A stopped node's state in the answer to a rule write (`cluster.nodes`): it takes the rule, or
 its end, from the cluster's rules when it starts, before it delivers anything."""
+UNKNOWN: Final = "unknown"
+"""A row of a write by id issued while Redis cannot be reached, of a message the node asked does
+not hold: the other nodes were not reached, and one of them may hold it (`_unreached_rows`)."""
 WRITE_WAIT: Final = 30.0  # seconds the origin waits for other nodes' answers to a write
 READ_WAIT: Final = 3.0  # ... and to a read
 _NAMESAKE_EVERY: Final = 60.0  # seconds between two errors about another live node of our name
@@ -317,8 +322,15 @@ class Broadcast:
                 reach = "applied on this node only; issue it again on the other nodes, or once Redis is back"
             _log.warning("%s %s: Redis cannot be reached (%s): %s", method, path, error, reach)
             if isinstance(answer, dict):
+                _name_holder(answer, self.node)
+                # Whether another node holds a message this one does not is not known: not "not
+                # found", which says it is nowhere (and a command exits 0 for it).
+                _unreached_rows(answer, self.node)
                 answer["cluster"] = {
                     "nodes": {self.node: "done"},
+                    # The answer does not cover the other nodes, whichever there are: none was
+                    # asked (nor is known: their presence is in Redis). The command exits 75.
+                    "others_unreached": True,
                     "error": f"Redis cannot be reached ({error}): {reach}",
                 }
             return status, answer
@@ -1185,6 +1197,17 @@ def _pending_rows(merged: dict[str, Any], pending: list[str]) -> None:
         if isinstance(row, dict) and row.get("result") == NOT_FOUND:
             row["result"] = "pending"
             row["pending_on"] = pending
+
+
+def _unreached_rows(answer: Any, node: str) -> None:
+    """A row of a write by id that `node`, the only one asked (Redis cannot be reached), does not
+    hold is `unknown`, `not_found_on` naming it: the message may be on another node, which was
+    not told (`cluster.others_unreached`), so it is not said to be nowhere."""
+    said = answer.get("answers", answer) if isinstance(answer, dict) else None
+    for row in said.get("messages", []) if isinstance(said, dict) else []:
+        if isinstance(row, dict) and row.get("result") == NOT_FOUND:
+            row["result"] = UNKNOWN
+            row["not_found_on"] = [node]
 
 
 def _holders(answers: dict[str, list[tuple[int, Any]]]) -> dict[str, list[str]]:
