@@ -257,6 +257,14 @@ def _pending(nodes: Any, cluster: dict[str, Any]) -> str:
     return "; ".join(["not found on the nodes that answered", *why]) + " (within [redis] late_operations)"
 
 
+def _unreached(nodes: Any) -> str:
+    """ "not found on node b; the other nodes were not reached ...": an id the node asked does not
+    hold while Redis cannot be reached (`unknown`): another node may hold it, and was not told."""
+    names = ", ".join(str(node) for node in nodes) if isinstance(nodes, list) and nodes else "the node asked"
+    return (f"not found on node {names}; the other nodes were not reached (Redis cannot be reached): one of them "
+            "may hold it, and knows nothing of this; issue it again once Redis answers")  # fmt: skip
+
+
 def _each_message(said: dict[str, Any], results: dict[str, str], args: argparse.Namespace) -> str:
     """What became of each message named by id (`--id`), a line each, after the headline; ""
     when none was. (Part of a format string: its braces doubled.)"""
@@ -273,6 +281,8 @@ def _each_message(said: dict[str, Any], results: dict[str, str], args: argparse.
             text = _not_selected(row.get("unmatched"), args)
         elif result == "pending":
             text = _pending(row.get("pending_on"), cluster)
+        elif result == "unknown":
+            text = _unreached(row.get("not_found_on"))
         if row.get("node"):  # (with [redis]: the node that holds it, whose `pigeon inspect` shows it)
             text = f"node {row['node']}: {text}"
         lines.append(f"\n  {row.get('id')}  {text}")
@@ -755,12 +765,15 @@ def _show_nodes(answer: Any, args: argparse.Namespace | None = None) -> dict[str
 
 def _left_out(answer: Any) -> dict[str, list[str]]:
     """The nodes a cluster's answer does not cover, by why: "pending" (a write: they apply it
-    later) and "missing" (a read: their part is not in it)."""
+    later), "missing" (a read: their part is not in it) and "unreached" (Redis could not be
+    reached: every other node, whichever there are; `cluster.error` says what becomes of them)."""
     cluster = answer.get("cluster") if isinstance(answer, dict) else None
     left_out: dict[str, list[str]] = {}
     for node, state in sorted(((cluster or {}).get("nodes") or {}).items()):
         if state in ("pending", "missing"):
             left_out.setdefault(state, []).append(node)
+    if isinstance(cluster, dict) and cluster.get("others_unreached"):
+        left_out["unreached"] = ["the other nodes"]
     return left_out
 
 

@@ -25,7 +25,8 @@ and the nodes forgotten it knows of, so a node forgotten a moment before is not 
 
 Why a stream and not pub/sub: a worker that restarts, or loses Redis for a while, reads on
 from where it stopped (its cursor is kept in a file next to its spool), so an operation issued
-meanwhile still reaches it. One-off writes older than `[redis] late_operations` (5 minutes) are
+meanwhile still reaches it; one that starts applies what it missed before its node delivers
+anything (`join`). One-off writes older than `[redis] late_operations` (5 minutes) are
 not applied late, and a bounce of what is queued now, applied here seconds after it was
 issued (this node was cut off from Redis, or restarting), bounces only mail accepted before
 it was issued: neither may hit mail accepted since, which its sender was told is queued. Reads
@@ -70,7 +71,9 @@ and logs an error), and `send_unsent` does not send it. Each stays under its id 
 
 Redis being away never stops an operation on the node that was asked: it is applied here,
 and the answer says, under `cluster`, that the other nodes were not told (for a rule or its
-end: that they are told once Redis answers).
+end: that they are told once Redis answers), and does not cover them (`others_unreached`): of a
+write by id, a message this node does not hold is `unknown`, not `not_found`, for another node
+may hold it.
 """
 
 from __future__ import annotations
@@ -125,6 +128,9 @@ _READ_REPLAY: Final = 5.0  # seconds after which a read is dropped unanswered: n
 AT_START: Final = "at_start"
 """A stopped node's state in the answer to a rule write (`cluster.nodes`): it takes the rule, or
 its end, from the cluster's rules when it starts, before it delivers anything."""
+UNKNOWN: Final = "unknown"
+"""A row of a write by id issued while Redis cannot be reached, of a message the node asked does
+not hold: the other nodes were not reached, and one of them may hold it (`_unreached_rows`)."""
 WRITE_WAIT: Final = 30.0  # seconds the origin waits for other nodes' answers to a write
 READ_WAIT: Final = 3.0  # ... and to a read
 _NAMESAKE_EVERY: Final = 60.0  # seconds between two errors about another live node of our name
@@ -316,8 +322,15 @@ class Broadcast:
                 reach = "applied on this node only; issue it again on the other nodes, or once Redis is back"
             _log.warning("%s %s: Redis cannot be reached (%s): %s", method, path, error, reach)
             if isinstance(answer, dict):
+                _name_holder(answer, self.node)
+                # Whether another node holds a message this one does not is not known: not "not
+                # found", which says it is nowhere (and a command exits 0 for it).
+                _unreached_rows(answer, self.node)
                 answer["cluster"] = {
                     "nodes": {self.node: "done"},
+                    # The answer does not cover the other nodes, whichever there are: none was
+                    # asked (nor is known: their presence is in Redis). The command exits 75.
+                    "others_unreached": True,
                     "error": f"Redis cannot be reached ({error}): {reach}",
                 }
             return status, answer
@@ -587,16 +600,30 @@ class Broadcast:
         return got, missing()
 
     # --- every worker ------------------------------------------------------------------------
-    async def join(self, adopt: Adopt) -> bool:
+    async def join(self, adopt: Adopt, apply: Apply | None = None) -> bool:
         """Before this node delivers anything: find where to read the stream from, then take the
         standing rules in force (in that order: what is appended meanwhile is read from the
-        stream). False if Redis did not answer: the node starts with the rules its spool
-        kept, and `consume` takes the cluster's once Redis answers."""
+        stream), then, with `apply`, apply what the stream holds past this worker's cursor: what
+        the other nodes issued while it was away. False if Redis did not answer: the node starts
+        with the rules its spool kept, and `consume` takes the cluster's once Redis answers.
+
+        The entries missed are applied here, not by `consume` once the node runs: a bounce or a
+        hold by id issued while this node was stopped (answered `pending`: "applied there when it
+        starts") must be in the spool before the scheduler starts, which would otherwise send the
+        message at once (the rules taken may have made it due: a resume issued after the hold, a
+        suspension that ran out meanwhile). Every worker does so for its own shards before its
+        scheduler starts, and a worker sends only its own shards' mail. In the stream's order, as
+        `consume` would: the rules taken first already hold each rule's latest word (an entry
+        that made or ended one changes nothing again, whatever its place), and neither a resume
+        nor a rule's end releases a message held by id, so taking the rules before the one-off
+        writes leaves the mail as the live order does. Read whole before any is applied, so that
+        Redis lost midway does not leave a rule the stream ends later in force (`consume` reads
+        on from the last entry applied)."""
         try:
             async with asyncio.timeout(2 * self._timeout + 1):
                 self._cursor = self._saved_cursor() or await self._end_cursor()
                 await self.sync(adopt)
-            return True
+                missed = await self._missed(self._cursor) if apply is not None else []
         except (RedisError, OSError, TimeoutError) as error:
             self._down_since = time.monotonic()
             _log.warning(
@@ -605,6 +632,30 @@ class Broadcast:
                 error,
             )
             return False
+        applied = 0
+        for entry_id, fields in missed:
+            assert apply is not None
+            applied += await self._apply(fields, apply)
+            self._cursor = entry_id.decode()
+            self._save_cursor(self._cursor)
+        if applied:
+            _log.info(
+                "admin stream: %d operation(s) issued through other nodes while this worker was away applied before "
+                "this node delivers anything",
+                applied,
+            )
+        return True
+
+    async def _missed(self, cursor: str) -> list[tuple[Any, Any]]:
+        """The stream's entries past `cursor`, every one (at most the stream's length)."""
+        missed: list[tuple[Any, Any]] = []
+        while True:
+            read: Any = await self._redis.xread({self._stream: cursor}, count=1000)
+            entries = [entry for _, part in read or [] for entry in part]
+            if not entries:
+                return missed
+            missed += entries
+            cursor = entries[-1][0].decode()
 
     async def sync(self, adopt: Adopt) -> None:
         """Take the cluster's standing rules as they are now (see the module's docstring)."""
@@ -768,7 +819,8 @@ class Broadcast:
                     self._save_cursor(cursor)
         raise asyncio.CancelledError
 
-    async def _apply(self, raw: dict[bytes, bytes], apply: Apply) -> None:
+    async def _apply(self, raw: dict[bytes, bytes], apply: Apply) -> bool:
+        """Apply one entry here, unless this node issued it, or it is too old: whether a write was."""
         fields = {k.decode(): v for k, v in raw.items()}
         try:
             origin = fields["origin"].decode()
@@ -778,13 +830,13 @@ class Broadcast:
             op = fields["op"].decode()
         except (KeyError, ValueError, UnicodeDecodeError):
             _log.warning("admin stream: an entry without its fields was skipped: %r", sorted(fields))
-            return
+            return False
         change = rule_change(method, path, fields.get("body", b""), "", issued) if method != "GET" else None
         # Whichever node made it, and however old: a rule Redis holds is known at once, not
         # at this worker's next look, which a loss of Redis's data may come before.
         self._learn(change, issued)
         if origin == self.origin:
-            return  # the origin applied it to its workers itself
+            return False  # the origin applied it to its workers itself
         # How late it comes: since it was sent (a rule made while its node was cut off from
         # Redis is dated when it was made, and sent once Redis answered: `send_unsent`).
         sent = issued
@@ -793,7 +845,7 @@ class Broadcast:
         age = time.time() - sent
         if age > (_READ_REPLAY if method == "GET" else self._late):
             if method == "GET":
-                return
+                return False
             node = fields.get("node", b"?").decode(errors="replace")
             if change is None or (change.kind == "bounce" and change.rule is not None):
                 _log.warning(
@@ -817,7 +869,7 @@ class Broadcast:
                     node,
                     age,
                 )
-            return
+            return False
         operator = fields.get("operator", b"").decode(errors="replace")
         try:
             status, answer = await apply(method, path, fields.get("body", b""), operator, issued)
@@ -839,6 +891,7 @@ class Broadcast:
                 await pipe.execute()
         except (RedisError, OSError) as error:
             _log.warning("admin stream: applied %s %s, but could not answer: %s", method, path, error)
+        return method != "GET"  # (a read changed nothing)
 
     async def leave(self) -> None:
         """Say this node is gone (on a graceful stop, once this worker reads no more): an
@@ -1144,6 +1197,17 @@ def _pending_rows(merged: dict[str, Any], pending: list[str]) -> None:
         if isinstance(row, dict) and row.get("result") == NOT_FOUND:
             row["result"] = "pending"
             row["pending_on"] = pending
+
+
+def _unreached_rows(answer: Any, node: str) -> None:
+    """A row of a write by id that `node`, the only one asked (Redis cannot be reached), does not
+    hold is `unknown`, `not_found_on` naming it: the message may be on another node, which was
+    not told (`cluster.others_unreached`), so it is not said to be nowhere."""
+    said = answer.get("answers", answer) if isinstance(answer, dict) else None
+    for row in said.get("messages", []) if isinstance(said, dict) else []:
+        if isinstance(row, dict) and row.get("result") == NOT_FOUND:
+            row["result"] = UNKNOWN
+            row["not_found_on"] = [node]
 
 
 def _holders(answers: dict[str, list[tuple[int, Any]]]) -> dict[str, list[str]]:

@@ -257,13 +257,15 @@ class Node:
                 self._running_out = asyncio.create_task(say_run_out(node_rules, self._clock), name="rules running out")
             if config.redis.url:
                 # The cluster's suspensions and standing bounces are taken before the scheduler
-                # starts: nothing they hold may go out meanwhile. Imported here, not with the
-                # module: a node without Redis need not spend a tenth of a second on its client.
+                # starts: nothing they hold may go out meanwhile; and so are the operations issued
+                # through other nodes while this one was away (a bounce or a hold by id of mail it
+                # holds). Imported here, not with the module: a node without Redis need not spend
+                # a tenth of a second on its client.
                 from pigeon.node.broadcast import Broadcast
 
                 admin = self.outbound.admin
                 self.broadcast = Broadcast(config, worker=self.worker, workers=self._workers, held=admin.standing)
-                await self.broadcast.join(self.outbound.admin.adopt)
+                await self.broadcast.join(self.outbound.admin.adopt, self._apply)
             await self.outbound.start()
             self.metrics.track_delivery(self.outbound.state)
             if self.broadcast is not None:

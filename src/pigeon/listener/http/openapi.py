@@ -485,17 +485,22 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
     rule_or_none = {"anyOf": [_ref("Rule"), {"type": "null"}]}
 
     def by_id(results: dict[str, str], recipients: bool = False) -> dict[str, Any]:
-        results = {**results, "pending": pending}
+        results = {**results, "pending": pending, "unknown": unknown}
         said = "; ".join(f"{result}: {meaning}" for result, meaning in results.items())
         members: dict[str, Any] = {"id": {"type": "string"}, "result": {"enum": list(results)}}
         members["node"] = {
             "type": "string",
-            "description": "With [redis]: the node that holds it ([node] name; absent of not_found and pending)",
+            "description": "With [redis]: the node that holds it ([node] name; absent of not_found, pending, unknown)",
         }
         members["pending_on"] = {
             "type": "array",
             "items": {"type": "string"},
             "description": "Of pending: the nodes that did not answer (cluster.nodes says pending)",
+        }
+        members["not_found_on"] = {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "Of unknown: the node asked, which does not hold it (the others were not reached)",
         }
         members["unmatched"] = {
             "type": "array",
@@ -516,6 +521,10 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
         "not running, or not in time): it may hold it, and then applies this when it gets to it, or starts again "
         "(a one-off write within [redis] late_operations)"
     )
+    unknown = (
+        "with [redis], Redis cannot be reached: the node asked (not_found_on) does not hold it, and the other "
+        "nodes were not reached (cluster.others_unreached): one of them may hold it, and was not told"
+    )
     not_found = (
         "no worker or node that answered holds it: delivered, bounced or expired already, or no such message "
         "(or, to a token bound to tenants, another tenant's)"
@@ -529,6 +538,11 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
     redis_error = {
         "type": "string",
         "description": "Redis could not be reached: this node's answer only, and what becomes of the others",
+    }
+    unreached = {
+        "type": "boolean",
+        "description": "Redis could not be reached (true; absent otherwise): this answer does not cover the other "
+        "nodes, whichever there are (none was asked); the command exits 75",
     }
     cluster_write = {
         "cluster": _object(
@@ -547,6 +561,7 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
                     "description": "The nodes known to the cluster but not running (stopped, or killed, within a "
                     "day; `DELETE /api/v1/cluster/nodes/{node}` forgets one): node -> when it was last there",
                 },
+                "others_unreached": unreached,
                 "error": redis_error,
             },
             "nodes",
@@ -697,6 +712,7 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
                     "additionalProperties": {"type": "array", "items": {"type": "string"}},
                     "description": "Of a list of rules: the nodes that hold each (by id)",
                 },
+                "others_unreached": unreached,
                 "error": redis_error,
             },
             "nodes",
