@@ -25,11 +25,12 @@ and the nodes forgotten it knows of, so a node forgotten a moment before is not 
 
 Why a stream and not pub/sub: a worker that restarts, or loses Redis for a while, reads on
 from where it stopped (its cursor is kept in a file next to its spool), so an operation issued
-meanwhile still reaches it; one that starts applies what it missed before its node delivers
-anything (`join`). One-off writes older than `[redis] late_operations` (5 minutes) are
-not applied late, and a bounce of what is queued now, applied here seconds after it was
-issued (this node was cut off from Redis, or restarting), bounces only mail accepted before
-it was issued: neither may hit mail accepted since, which its sender was told is queued. Reads
+meanwhile still reaches it; one that starts applies the writes by id it missed before its node
+delivers anything, and the walks of the spool it missed as soon as it runs (`join`). One-off
+writes older than `[redis] late_operations` (5 minutes; as of the node's return, for what it
+missed while away) are not applied late, and a bounce of what is queued now, applied here
+seconds after it was issued (this node was cut off from Redis, or restarting), bounces only
+mail accepted before it was issued: neither may hit mail accepted since, which its sender was told is queued. Reads
 older than a few seconds are dropped, since nobody waits for them any more.
 
 Standing rules (suspensions, bounces with a duration) are cluster state, not events: the
@@ -84,6 +85,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 import time
 from collections import OrderedDict
@@ -169,6 +171,9 @@ Apply = Callable[[str, str, bytes, str, float], Awaitable[tuple[int, Any]]]
 Adopt = Callable[[list[Rule], dict[str, str]], Awaitable[tuple[list[Rule], list[Rule]]]]
 _RULE: Final = msgspec.json.Decoder(Rule)
 _LISTS: Final = ("/api/v1/admin/suspend", "/api/v1/admin/bounce")
+# The writes that may name messages (`messages`): a bounce, a hold, a retry by id.
+_BY_ID: Final = ("/api/v1/admin/bounce", "/api/v1/admin/hold", "/api/v1/admin/retry")
+_ENTRY_ID: Final = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 
 
 def _reconnect_once() -> Retry:
@@ -253,6 +258,17 @@ class Broadcast:
         a snapshot of the hash taken before the forget would give the node back otherwise."""
         self._down_since: float | None = None
         self._cursor: str | None = None  # where `consume` starts (`join` may have found it)
+        self._ahead_path = config.spool.path / f"admin-stream-{worker}.ahead"
+        self._ahead: set[str] = self._saved_ahead()
+        """The entries past the cursor applied already (`join`: the writes by id after a walk it
+        left to `consume`), which `consume` skips; kept in a file, as the cursor is."""
+        self._ahead_max: tuple[int, int] | None = None  # the last of them (`_ahead_last`)
+        self._joined: tuple[float, tuple[int, int]] | None = None
+        """When `join` began (this node's return) and the last entry it read: the lateness of
+        an entry up to it is judged as of then, however long the walks before it took."""
+        self._join_answers: list[tuple[str, str, float]] = []
+        """Answers to the writes applied by `join` (answer list, reply, when sent), pushed by
+        `consume`: none waits on Redis during the start."""
         self._synced = False  # whether the rules were taken from Redis since it last failed
         self._unsent: list[_Unsent] = []
         """Rule writes made here while Redis was away, sent once it answers (`send_unsent`)."""
@@ -603,22 +619,28 @@ class Broadcast:
     async def join(self, adopt: Adopt, apply: Apply | None = None) -> bool:
         """Before this node delivers anything: find where to read the stream from, then take the
         standing rules in force (in that order: what is appended meanwhile is read from the
-        stream), then, with `apply`, apply what the stream holds past this worker's cursor: what
-        the other nodes issued while it was away. False if Redis did not answer: the node starts
-        with the rules its spool kept, and `consume` takes the cluster's once Redis answers.
+        stream), then, with `apply`, apply the writes by id the stream holds past this worker's
+        cursor: issued through the other nodes while this one was away. False if Redis did not
+        answer: the node starts with the rules its spool kept, and `consume` takes the cluster's,
+        and applies what was missed, once Redis answers (the node may have delivered meanwhile).
 
-        The entries missed are applied here, not by `consume` once the node runs: a bounce or a
-        hold by id issued while this node was stopped (answered `pending`: "applied there when it
-        starts") must be in the spool before the scheduler starts, which would otherwise send the
-        message at once (the rules taken may have made it due: a resume issued after the hold, a
-        suspension that ran out meanwhile). Every worker does so for its own shards before its
-        scheduler starts, and a worker sends only its own shards' mail. In the stream's order, as
-        `consume` would: the rules taken first already hold each rule's latest word (an entry
-        that made or ended one changes nothing again, whatever its place), and neither a resume
-        nor a rule's end releases a message held by id, so taking the rules before the one-off
-        writes leaves the mail as the live order does. Read whole before any is applied, so that
-        Redis lost midway does not leave a rule the stream ends later in force (`consume` reads
-        on from the last entry applied)."""
+        A bounce, a hold or a retry by id issued while this node was stopped (answered `pending`:
+        "applied there when it starts") must be in the spool before the scheduler starts, which
+        would otherwise send the message at once (the rules taken may have made it due: a resume
+        issued after the hold, a suspension that ran out meanwhile). Every worker does so for its
+        own shards before its scheduler starts, and a worker sends only its own shards' mail.
+        Each reads its rows by id: quick, and the start stays bounded. A walk of the spool (a bulk
+        bounce, retry or rebind; a rule's entry, whose rule `sync` took already) is left to
+        `consume`, which reads on from the first one after the start (the cursor stays before it;
+        the writes by id applied after it are skipped then: `_ahead`), as `Admin.adopt` leaves its
+        walks: a long one would hold up SMTP, /healthz and the start's READY=1. The writes by id
+        keep their order among themselves, and come before a walk issued before them, which then
+        leaves a message held or bounced by id as the stream's order would (a retry or a rebind
+        by selector leaves a hold by id as it is; a bounce by selector bounces held mail too).
+        Read whole before any is applied, so that Redis lost midway does not leave a rule the
+        stream ends later in force; no answer is pushed meanwhile (`_join_answers`), and an
+        entry's lateness is judged as of the start (`_joined`), not of its turn."""
+        started = time.time()
         try:
             async with asyncio.timeout(2 * self._timeout + 1):
                 self._cursor = self._saved_cursor() or await self._end_cursor()
@@ -631,18 +653,46 @@ class Broadcast:
                 "this node's spool kept; those of the cluster are taken once Redis answers",
                 error,
             )
+            if apply is not None:
+                _log.warning(
+                    "admin stream: the operations issued through other nodes while this node was away could not be "
+                    "read before it delivers: a bounce or a hold by id issued through another node while this node "
+                    "was away is applied once Redis answers, and this node may deliver the messages it names first"
+                )
             return False
+        self._joined = (started, _stream_id(missed[-1][0].decode()) if missed else _stream_id(self._cursor))
         applied = 0
+        walks = 0  # entries left to `consume`: the cursor stays before the first
+        ahead: list[str] = []
         for entry_id, fields in missed:
             assert apply is not None
-            applied += await self._apply(fields, apply)
-            self._cursor = entry_id.decode()
-            self._save_cursor(self._cursor)
+            key = entry_id.decode()
+            if key in self._ahead:
+                continue  # (applied by a start before this one)
+            if not _by_id(fields):
+                walks += 1
+                continue
+            applied += await self._apply(fields, apply, at=started, answers=self._join_answers)
+            if walks:
+                ahead.append(key)
+            else:
+                self._cursor = key
+        if ahead:
+            self._ahead.update(ahead)
+            self._ahead_max = None
+            self._save_ahead()  # (first: an entry in it past the cursor is not applied again)
+        self._save_cursor(self._cursor)
         if applied:
             _log.info(
-                "admin stream: %d operation(s) issued through other nodes while this worker was away applied before "
-                "this node delivers anything",
+                "admin stream: %d operation(s) by id issued through other nodes while this worker was away applied "
+                "before this node delivers anything",
                 applied,
+            )
+        if walks:
+            _log.info(
+                "admin stream: %d operation(s) issued through other nodes while this worker was away (by selector, "
+                "or rules taken already) are applied once this node runs",
+                walks,
             )
         return True
 
@@ -791,6 +841,8 @@ class Broadcast:
         # RedisArbiter._beat_forever), and the node's stop would wait for this loop for ever.
         while not _cancelling():
             try:
+                if self._join_answers:
+                    await self._answer_joined()
                 if self._unsent:  # (the front of a one-worker node) before the cluster's rules are taken
                     await self.send_unsent()
                 if adopt is not None and not self._synced:
@@ -814,13 +866,40 @@ class Broadcast:
                 continue
             for _, entries in read or []:
                 for entry_id, fields in entries:
-                    await self._apply(fields, apply)
                     cursor = entry_id.decode()
+                    if cursor not in self._ahead:
+                        joined = self._joined
+                        at = joined[0] if joined is not None and _stream_id(cursor) <= joined[1] else None
+                        await self._apply(fields, apply, at=at)
                     self._save_cursor(cursor)
+                    if self._ahead and _stream_id(cursor) >= self._ahead_last():
+                        self._ahead.clear()  # (the cursor is past them all)
+                        self._save_ahead()
         raise asyncio.CancelledError
 
-    async def _apply(self, raw: dict[bytes, bytes], apply: Apply) -> bool:
-        """Apply one entry here, unless this node issued it, or it is too old: whether a write was."""
+    async def _answer_joined(self) -> None:
+        """Push the answers to the writes `join` applied that their origin may still wait for
+        (it waits `WRITE_WAIT` for a node that was present: one killed a moment before, say)."""
+        waited = [(key, reply) for key, reply, sent in self._join_answers if time.time() - sent < WRITE_WAIT]
+        if waited:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for key, reply in waited:
+                    pipe.rpush(key, reply)
+                    pipe.expire(key, _ANSWERS_KEPT)
+                await pipe.execute()
+        self._join_answers.clear()
+
+    async def _apply(
+        self,
+        raw: dict[bytes, bytes],
+        apply: Apply,
+        *,
+        at: float | None = None,
+        answers: list[tuple[str, str, float]] | None = None,
+    ) -> bool:
+        """Apply one entry here, unless this node issued it, or it is too old (as of `at`; None:
+        now): whether a write was. Its answer is pushed to the origin, or, with `answers`, kept
+        there (answer list, reply, when sent) for `consume` to push."""
         fields = {k.decode(): v for k, v in raw.items()}
         try:
             origin = fields["origin"].decode()
@@ -842,7 +921,7 @@ class Broadcast:
         sent = issued
         with contextlib.suppress(KeyError, ValueError):
             sent = float(fields["sent"])
-        age = time.time() - sent
+        age = (time.time() if at is None else at) - sent
         if age > (_READ_REPLAY if method == "GET" else self._late):
             if method == "GET":
                 return False
@@ -884,6 +963,10 @@ class Broadcast:
             answer["error"] = f"node {self.node}: {answer.get('error')}"
         reply = json.dumps({"node": self.node, "worker": self._worker, "status": status, "answer": answer})
         key = self._answers + op
+        if answers is not None:
+            if time.time() - sent < WRITE_WAIT:  # (else its origin stopped waiting for it)
+                answers.append((key, reply, sent))
+            return method != "GET"
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
                 pipe.rpush(key, reply)
@@ -1096,6 +1179,28 @@ class Broadcast:
                     _log.warning("admin stream: Redis cannot be reached (%s); trying again every second", error)
                 await asyncio.sleep(1.0)
 
+    def _ahead_last(self) -> tuple[int, int]:
+        if self._ahead_max is None:
+            self._ahead_max = max(map(_stream_id, self._ahead))
+        return self._ahead_max
+
+    def _saved_ahead(self) -> set[str]:
+        with contextlib.suppress(OSError):
+            # (a line that is no entry's id, written by no Pigeon, is left out)
+            return {entry for entry in self._ahead_path.read_text().split() if _ENTRY_ID.fullmatch(entry)}
+        return set()
+
+    def _save_ahead(self) -> None:
+        try:
+            if not self._ahead:
+                self._ahead_path.unlink(missing_ok=True)
+                return
+            temporary = self._ahead_path.with_name(self._ahead_path.name + ".tmp")
+            temporary.write_text("\n".join(sorted(self._ahead, key=_stream_id)) + "\n")
+            os.replace(temporary, self._ahead_path)
+        except OSError as error:
+            _log.warning("admin stream: cannot save the entries applied ahead %s: %s", self._ahead_path, error)
+
     def _save_cursor(self, cursor: str) -> None:
         # Not fsynced: after a crash an entry may be applied twice, and every admin operation
         # is idempotent (a rule keeps its id; bounced mail is gone; a retry is due already).
@@ -1105,6 +1210,23 @@ class Broadcast:
             os.replace(temporary, self._cursor_path)
         except OSError as error:
             _log.warning("admin stream: cannot save the cursor %s: %s", self._cursor_path, error)
+
+
+def _stream_id(entry: str) -> tuple[int, int]:
+    """A stream entry's id (`ms-seq`), in the stream's order."""
+    ms, _, seq = entry.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _by_id(raw: dict[bytes, bytes]) -> bool:
+    """Whether a stream entry is a write by id (`messages`): rows read by id, not a walk."""
+    if raw.get(b"method") != b"POST" or raw.get(b"path", b"").decode(errors="replace").rstrip("/") not in _BY_ID:
+        return False
+    try:
+        body = json.loads(raw.get(b"body", b""))
+    except ValueError:
+        return False
+    return isinstance(body, dict) and isinstance(body.get("messages"), list) and bool(body["messages"])
 
 
 def _cancelling() -> bool:
