@@ -128,7 +128,7 @@ async def test_a_walk_missed_runs_after_the_start_and_a_hold_by_id_issued_after_
     async def apply(method: str, path: str, body: bytes, operator: str, issued: float) -> tuple[int, Any]:
         applied.append((path, body))
         if body == b'{"domain": "*"}':
-            clock[0] += 280  # a throttled walk of a large spool
+            clock[0] += 290  # a throttled walk of a large spool
         return 200, {}
 
     try:
