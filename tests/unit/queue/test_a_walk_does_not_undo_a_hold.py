@@ -12,6 +12,7 @@ the walk read (`Spool.make_due`): a row changed since is left as the change left
 from __future__ import annotations
 
 import asyncio
+
 from pigeon.message import HELD
 from pigeon.queue.rules import Selector
 from pigeon.queue.scheduler import route_key
