@@ -27,7 +27,7 @@ import itertools
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -57,6 +57,7 @@ OK = Reply(250, "2.0.0", ("ok",))
 LATER = Reply(451, "4.3.0", ("try later",))
 NO = Reply(550, "5.1.1", ("no such user",))
 TERMINAL = ("Delivery", "Bounce", "Expiration", "AdminBounce")
+_T = TypeVar("_T")
 
 
 class FakeClock:
@@ -237,14 +238,17 @@ class MemorySpool:
         again = f"#{self.marks[spool_id]}" if self.marks[spool_id] > 1 else ""
         return self._world.commit(f"mark {spool_id:x}{again}", apply, message=spool_id)
 
-    def make_due(self, ids: Sequence[int], due: float) -> asyncio.Future[None]:
-        def apply() -> None:
-            for spool_id in ids:
+    def make_due(self, rows: Sequence[tuple[int, float]], due: float) -> asyncio.Future[int]:
+        def apply() -> int:
+            changed = 0
+            for spool_id, read in rows:
                 row = self.rows.get(spool_id)
-                if row is not None and row.due > due:
+                if row is not None and row.due == read and row.due > due:  # (as SqliteSpool's)
                     row.due = due
+                    changed += 1
+            return changed
 
-        return self._world.commit(f"make_due {len(ids)}", apply)
+        return self._world.commit(f"make_due {len(rows)}", apply)
 
     def save_rule(self, rule_id: str, rule: bytes | None) -> asyncio.Future[None]:
         def apply() -> None:
@@ -499,8 +503,8 @@ class World:
         pending.order = next(self._order)
         self.pending.append(pending)
 
-    def commit(self, label: str, apply: Callable[[], None], message: int | None = None) -> asyncio.Future[None]:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    def commit(self, label: str, apply: Callable[[], _T], message: int | None = None) -> asyncio.Future[_T]:
+        future: asyncio.Future[_T] = asyncio.get_running_loop().create_future()
 
         def land() -> None:
             if self.failing_commits:
@@ -508,8 +512,8 @@ class World:
                 error = SpoolWriteError("spool write failed: disk I/O error (a test's)")
                 self.add(Pending("answer", label, lambda: future.set_exception(error), message=message))
                 return
-            apply()
-            self.add(Pending("answer", label, lambda: future.set_result(None), message=message))
+            result = apply()
+            self.add(Pending("answer", label, lambda: future.set_result(result), message=message))
 
         self.add(Pending("land", label, land, message=message))
         return future

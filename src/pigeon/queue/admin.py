@@ -747,7 +747,9 @@ class Admin:
         # lands, before this hears that it did. (A message does not know its site before it
         # is routed, so every down site's probe is due.)
         probe = self._probe_down if kind == "retry" else None
-        made_due = await self._make_due(
+        # (What it chose is what it answers: a row written since it was read, by a hold by id
+        # say, is left as that write left it, as if the write came just after this retry.)
+        made_due, _ = await self._make_due(
             selector,
             deferred,
             kind,
@@ -782,7 +784,8 @@ class Admin:
             return tried and abs(message.due - when) <= margin and message.envelope.held is None
 
         kind = "retry after a hold was lifted" if untried else "retry after a suspension ended"
-        return await self._make_due(Selector(), deferred_then, kind, None)
+        _, made_due = await self._make_due(Selector(), deferred_then, kind, None)
+        return made_due
 
     async def retry_waiting_for_probes(
         self, probes: Collection[float], rerouted: Callable[[Message], bool], *, margin: float = 1.0
@@ -804,7 +807,10 @@ class Admin:
                 return False
             return any(abs(message.due - when) <= margin for when in times)
 
-        return await self._make_due(Selector(), waiting_for_probe, "retry after a reload changed the routes", None)
+        _, made_due = await self._make_due(
+            Selector(), waiting_for_probe, "retry after a reload changed the routes", None
+        )
+        return made_due
 
     async def _make_due(
         self,
@@ -819,13 +825,17 @@ class Admin:
         in_memory: Callable[[Entry], asyncio.Future[None] | None] | None = None,
         missed: dict[SpoolId, list[str]] | None = None,
         of_tenants: Collection[str] | None = None,
-    ) -> int:
+    ) -> tuple[int, int]:
         """The spool rows matching `selector` and `wanted`, due now (in memory: due already,
-        their owner sets their next due; `in_memory` is told of each): how many. `before_commit`
-        runs if there are any, before they are written. `ids`: of these messages only (`missed`
-        as `_walk` fills it, `of_tenants` as it takes it)."""
+        their owner sets their next due; `in_memory` is told of each): how many it chose, and
+        how many of those it changed. Each is written only if its due is still the one `wanted`
+        was asked about (`Spool.make_due`): the walk rests between batches and writes at its
+        end, and a row changed meanwhile (a hold by id answered `held`, at `HELD`) is left as
+        that change left it, never made due on what the walk read before. `before_commit` runs
+        if there are any, before they are written. `ids`: of these messages only (`missed` as
+        `_walk` fills it, `of_tenants` as it takes it)."""
         now = self._clock()
-        by_shard: dict[int, list[int]] = {}
+        by_shard: dict[int, list[tuple[int, float]]] = {}
 
         def act(entry: Entry) -> tuple[_Done, asyncio.Future[None] | None]:
             # (What `in_memory` writes, the walk waits for before it answers.)
@@ -834,7 +844,7 @@ class Admin:
         def spool_only(message: Message) -> bool:
             if not wanted(message):
                 return False
-            by_shard.setdefault(shard_of(message.id), []).append(message.id)
+            by_shard.setdefault(shard_of(message.id), []).append((message.id, message.due))
             return True
 
         made_due, _ = await self._walk(
@@ -851,9 +861,9 @@ class Admin:
         )
         if made_due and before_commit is not None:
             before_commit()
-        await asyncio.gather(*(self._spools[shard].make_due(ids, now) for shard, ids in by_shard.items()))
+        changed = await asyncio.gather(*(self._spools[shard].make_due(rows, now) for shard, rows in by_shard.items()))
         self._rewind(now)
-        return made_due
+        return made_due, sum(changed)
 
     # --- reading ---------------------------------------------------------------------------
     async def summary(self) -> dict[str, Any]:

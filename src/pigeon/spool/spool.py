@@ -198,8 +198,12 @@ class Spool(Protocol):
     def scan(self, after: int, limit: int) -> list[Message]:
         """Messages in id order, strictly after `after`."""
 
-    def make_due(self, ids: Sequence[int], due: float) -> asyncio.Future[None]:
-        """Bring these messages' next attempt forward to `due` (later ones only)."""
+    def make_due(self, rows: Sequence[tuple[int, float]], due: float) -> asyncio.Future[int]:
+        """Bring these messages' next attempt forward to `due` (later ones only): each given as
+        (id, its due as the caller read it), and changed only if its due is still that. A row
+        written since (held by id, settled, deferred again) is left as that write left it: a
+        walk's decision on what it read does not undo a hold answered meanwhile. How many
+        rows it changed."""
 
     def queue_counts(self, now: float, held: float) -> list[tuple[str, int, int, int, float, int, int, float | None]]:
         """Per scheduled queue: messages, how many are due, how many held (due at `held` or

@@ -730,9 +730,10 @@ class SqliteSpool:
             self._quarantined += moved
             self.on_quarantine(moved)
 
-    def make_due(self, ids: Sequence[int], due: float) -> asyncio.Future[None]:
-        """Bring these messages' next attempt forward to `due` (later ones only)."""
-        return self._committer.submit(_MakeDue(list(ids), due))
+    def make_due(self, rows: Sequence[tuple[int, float]], due: float) -> asyncio.Future[int]:
+        """Bring these messages' next attempt forward to `due` (later ones only), each (id, due
+        as read) only if its due is still the one read (`Spool.make_due`): how many it changed."""
+        return self._committer.submit(_MakeDue(list(rows), due))
 
     def queue_counts(self, now: float, held: float) -> list[tuple[str, int, int, int, float, int, int, float | None]]:
         """Per scheduled queue: messages, how many are due, how many are held (due at `held`
@@ -1238,15 +1239,20 @@ class _OutboxAdd:
 
 
 class _MakeDue:
-    __slots__ = ("due", "ids")
+    __slots__ = ("due", "rows")
 
-    def __init__(self, ids: list[int], due: float) -> None:
-        self.ids, self.due = ids, due
+    def __init__(self, rows: list[tuple[int, float]], due: float) -> None:
+        self.rows, self.due = rows, due
 
-    def apply(self, conn: sqlite3.Connection) -> None:
-        conn.executemany(
-            "UPDATE message SET due = ? WHERE id = ? AND due > ?", [(self.due, i, self.due) for i in self.ids]
+    def apply(self, conn: sqlite3.Connection) -> int:
+        """How many rows it changed: those whose due is still the one read (a compare-and-set:
+        a hold by id that landed since, at `HELD`, stays held)."""
+        cursor = conn.executemany(
+            "UPDATE message SET due = ? WHERE id = ? AND due = ? AND due > ?",
+            [(self.due, spool_id, read, self.due) for spool_id, read in self.rows],
         )
+        changed: int = cursor.rowcount  # (summed over the rows by executemany)
+        return max(changed, 0)
 
     def prepare(self) -> None:
         pass
