@@ -18,13 +18,11 @@ from typing import Any
 
 import pytest
 
+from tests.support.admin_cluster import ADMIN, TOKENS, admin_cluster
 from tests.support.process import PigeonProcess
 from tests.support.services import RedisServer
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
 from tests.support.tcp_proxy import TcpProxy
-
-ADMIN = "admin-token-0123456789"
-TOKENS = [{"name": "ops", "token": ADMIN, "scopes": ["admin", "read"]}]
 
 
 @pytest.fixture
@@ -35,19 +33,9 @@ def sink() -> Iterator[ScriptedSink]:
 
 @pytest.fixture
 def cluster(tmp_path: Path, sink: ScriptedSink, redis_server: RedisServer) -> Iterator[tuple[PigeonProcess, ...]]:
-    with ExitStack() as stack:
-        nodes = []
-        for name, workers in (("a", 1), ("b", 2)):
-            node = PigeonProcess(
-                tmp_path / name,
-                # A worker stopped is killed, and started again, after 3 s without an answer.
-                node={"name": name, "workers": workers, "worker_timeout": "3s"},
-                http={"token": TOKENS},
-                redis={"url": redis_server.url, "timeout": "1s"},
-                **delivery_config(sink.endpoint, retry_interval="1h"),
-            )
-            nodes.append(stack.enter_context(node))
-        yield tuple(nodes)
+    # A worker stopped is killed, and started again, after 3 s without an answer.
+    with admin_cluster(tmp_path, sink.endpoint, redis_server.url, (("a", 1), ("b", 2)), worker_timeout="3s") as nodes:
+        yield nodes
 
 
 def _api(node: PigeonProcess, method: str, path: str, body: Any = None) -> tuple[int, Any]:

@@ -13,19 +13,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pigeon.message import parse_id, shard_of
+from tests.support.admin_cluster import ADMIN, admin_cluster
 from tests.support.process import PigeonProcess
 from tests.support.services import RedisServer
-from tests.support.sinks import ScriptedSink, delivery_config, wait_until
-
-ADMIN = "admin-token-0123456789"
-TOKENS = [{"name": "ops", "token": ADMIN, "scopes": ["admin", "read"]}]
+from tests.support.sinks import ScriptedSink, wait_until
 
 
 @pytest.fixture
@@ -36,18 +33,8 @@ def sink() -> Iterator[ScriptedSink]:
 
 @pytest.fixture
 def cluster(tmp_path: Path, sink: ScriptedSink, redis_server: RedisServer) -> Iterator[tuple[PigeonProcess, ...]]:
-    with ExitStack() as stack:
-        nodes = []
-        for name, workers in (("a", 2), ("b", 1)):
-            node = PigeonProcess(
-                tmp_path / name,
-                node={"name": name, "workers": workers},
-                http={"token": TOKENS},
-                redis={"url": redis_server.url, "timeout": "1s"},
-                **delivery_config(sink.endpoint, retry_interval="1h"),
-            )
-            nodes.append(stack.enter_context(node))
-        yield tuple(nodes)
+    with admin_cluster(tmp_path, sink.endpoint, redis_server.url, (("a", 2), ("b", 1))) as nodes:
+        yield nodes
 
 
 def _api(node: PigeonProcess, method: str, path: str, body: Any = None) -> tuple[int, Any]:

@@ -1,0 +1,36 @@
+"""Nodes of one cluster for the admin tests: each its own spool and ports, one Redis, one
+sink, and the operator's token."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+from tests.support.process import PigeonProcess
+from tests.support.sinks import delivery_config
+
+ADMIN = "admin-token-0123456789"
+TOKENS = [{"name": "ops", "token": ADMIN, "scopes": ["admin", "read"]}]
+
+
+@contextmanager
+def admin_cluster(
+    root: Path, sink_endpoint: str, redis_url: str, workers: Sequence[tuple[str, int]], **node: Any
+) -> Iterator[tuple[PigeonProcess, ...]]:
+    """A node per `(name, workers)`, started in that order and stopped together; `node` adds
+    to each one's `[node]` section. Mail waits an hour after a failed attempt."""
+    with ExitStack() as stack:
+        yield tuple(
+            stack.enter_context(
+                PigeonProcess(
+                    root / name,
+                    node={"name": name, "workers": count, **node},
+                    http={"token": TOKENS},
+                    redis={"url": redis_url, "timeout": "1s"},
+                    **delivery_config(sink_endpoint, retry_interval="1h"),
+                )
+            )
+            for name, count in workers
+        )
