@@ -239,6 +239,34 @@ def test_hosts_injecting_plaintext_after_starttls_are_tried_after_the_others_at_
         assert all(session[-1] == "STARTTLS" for session in first.sessions + second.sessions)
 
 
+def test_a_deferral_when_every_host_fails_the_policys_tls_names_each_host_tried(tmp_path: Path) -> None:
+    # No STARTTLS, a certificate for another name, plaintext after the 220 to STARTTLS: the
+    # deferral says the last host's reason, and that the other two were tried.
+    ca = TestCa(tmp_path / "ca")
+    port = free_port()
+    zone = _zone(
+        (10, "a.mail.example.net", "127.0.0.3"),
+        (20, "mx1.example.net", "127.0.0.2"),
+        (30, "c.mail.example.net", "127.0.0.5"),
+    )
+    injecting = {"STARTTLS": "220 2.0.0 go ahead\r\n250 2.0.0 injected"}
+    with (
+        DnsServer(zone) as dns,
+        PolicyServer(ca.server_context("mta-sts.example.net"), {"mta-sts.example.net": _ENFORCE}) as policies,
+        ScriptedSink(host="127.0.0.3", port=port) as plaintext,
+        ScriptedSink(host="127.0.0.2", port=port, tls=ca.server_context("not-mx1.example.net")) as wrong_name,
+        AnswerSink(injecting, extensions=("STARTTLS",), host="127.0.0.5", port=port) as injected,
+        _node(tmp_path, dns, port, ca, policies) as pigeon,
+    ):
+        _send(pigeon)
+        (failure,) = wait_until(lambda: pigeon.records("TransientFailure"))
+        text = failure["response"]["text"]
+        assert text.startswith(f"c.mail.example.net [127.0.0.5]:{port} broke the protocol: data after the 220"), text
+        tried = [f"a.mail.example.net [127.0.0.3]:{port}", f"mx1.example.net [127.0.0.2]:{port}"]
+        assert text.endswith(f"; tried {', '.join(tried)}, c.mail.example.net [127.0.0.5]:{port}"), text
+        assert not plaintext.received and not wrong_name.received and not injected.contents
+
+
 def test_a_testing_policy_delivers_as_without_it_and_warns(tmp_path: Path) -> None:
     ca = TestCa(tmp_path / "ca")
     port = free_port()

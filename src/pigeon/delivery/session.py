@@ -553,6 +553,7 @@ class ClientConnection:
         spent = 0  # of mx_address_limit: addresses tried, and hosts that added none
         done: list[str] = []  # what was tried, for a failure that the limits cut short
         cut = False
+        refused = False  # whether a host was passed over for the policy's TLS (MTA-STS enforce, DANE)
         looped: str | None = None  # the first hop found to be this node, as a peer is named
         elsewhere = False  # whether any hop may be another node's (or could not be told: no address)
         hops = destination.hops
@@ -673,6 +674,7 @@ class ClientConnection:
                     # be used; mail delivery SHOULD proceed to the next candidate"); the addresses
                     # tried stay bound by mx_address_limit.
                     greeted = error.greeted and not error.by_policy
+                    refused = refused or error.by_policy
                     if error.by_policy and sts is not None and dane is None:
                         _remember_refused(sts, hop.host)  # (tried after the others next time)
                 connected = True
@@ -749,6 +751,17 @@ class ClientConnection:
                 f"not all hosts tried ([delivery] mx_address_limit {options.mx_address_limit}, "
                 f"mx_session_limit {options.mx_session_limit}); tried {', '.join(done)}"
             )
+            last = ConnectFailed(
+                Reply(reply.code, reply.enhanced, (*reply.lines[:-1], f"{reply.lines[-1]}; {note}")),
+                peer=last.peer,
+                tls=last.tls,
+                server=last.server,
+            )
+        elif refused and len(done) > 1:
+            # Hosts passed over for the policy's TLS, each for a reason of its own: the last
+            # host's alone would hide that the others were tried (and why they come last next time).
+            reply = last.reply
+            note = f"tried {', '.join(done)}"
             last = ConnectFailed(
                 Reply(reply.code, reply.enhanced, (*reply.lines[:-1], f"{reply.lines[-1]}; {note}")),
                 peer=last.peer,
