@@ -13,7 +13,7 @@ from pigeon.message import parse_id, shard_of
 from tests.support.dns import DnsServer, Zone
 from tests.support.mta_sts import PolicyServer, TestCa
 from tests.support.process import PigeonProcess, free_port
-from tests.support.sinks import ScriptedSink, wait_until
+from tests.support.sinks import AnswerSink, ScriptedSink, wait_until
 
 _ENFORCE = "version: STSv1\nmode: enforce\nmx: mx1.example.net\nmx: *.mail.example.net\nmax_age: 86400\n"
 
@@ -199,6 +199,72 @@ def test_hosts_refused_for_the_policys_tls_are_tried_after_the_others_at_the_nex
         assert len(good.received) == 1
         assert [len(sink.connections) - n for sink, n in zip(refused, before, strict=True)] == [1] * 6
         assert not any(sink.received for sink in refused)
+
+
+def test_hosts_injecting_plaintext_after_starttls_are_tried_after_the_others_at_the_next_attempt(
+    tmp_path: Path,
+) -> None:
+    # MX 10 and MX 20 answer STARTTLS with "220" and a plaintext "250" in one write (CVE-2011-0411):
+    # under the enforced policy, a TLS failure of each host, as a failed handshake is. With
+    # mx_address_limit 2 the first attempt tries only them (and says so); they are remembered,
+    # and the retry begins with MX 30. Nothing goes to them, in the clear or otherwise.
+    ca = TestCa(tmp_path / "ca")
+    port = free_port()
+    zone = _zone(
+        (10, "a.mail.example.net", "127.0.0.3"),
+        (20, "c.mail.example.net", "127.0.0.5"),
+        (30, "b.mail.example.net", "127.0.0.4"),
+    )
+    injecting = {"STARTTLS": "220 2.0.0 go ahead\r\n250 2.0.0 injected"}
+    delivery = {"retry_interval": "2s", "max_retry_interval": "2s", "mx_address_limit": 2}
+    with (
+        DnsServer(zone) as dns,
+        PolicyServer(ca.server_context("mta-sts.example.net"), {"mta-sts.example.net": _ENFORCE}) as policies,
+        AnswerSink(injecting, extensions=("STARTTLS",), host="127.0.0.3", port=port) as first,
+        AnswerSink(injecting, extensions=("STARTTLS",), host="127.0.0.5", port=port) as second,
+        ScriptedSink(host="127.0.0.4", port=port, tls=ca.server_context("b.mail.example.net")) as right,
+        _node(tmp_path, dns, port, ca, policies, delivery) as pigeon,
+    ):
+        _send(pigeon)
+        (failure,) = wait_until(lambda: pigeon.records("TransientFailure"))
+        text = failure["response"]["text"]
+        assert "data after the 220 reply to STARTTLS" in text
+        assert "required by example.net's MTA-STS policy (id 1" in text
+        assert f"tried a.mail.example.net [127.0.0.3]:{port}, c.mail.example.net [127.0.0.5]:{port}" in text
+        (record,) = wait_until(lambda: pigeon.records("Delivery"), timeout=30)
+        assert record["peer"] == f"b.mail.example.net [127.0.0.4]:{port}"
+        assert len(right.received) == 1
+        assert [len(first.sessions), len(second.sessions)] == [1, 1]  # (not again at the retry)
+        assert not first.contents and not second.contents
+        assert all(session[-1] == "STARTTLS" for session in first.sessions + second.sessions)
+
+
+def test_a_deferral_when_every_host_fails_the_policys_tls_names_each_host_tried(tmp_path: Path) -> None:
+    # No STARTTLS, a certificate for another name, plaintext after the 220 to STARTTLS: the
+    # deferral says the last host's reason, and that the other two were tried.
+    ca = TestCa(tmp_path / "ca")
+    port = free_port()
+    zone = _zone(
+        (10, "a.mail.example.net", "127.0.0.3"),
+        (20, "mx1.example.net", "127.0.0.2"),
+        (30, "c.mail.example.net", "127.0.0.5"),
+    )
+    injecting = {"STARTTLS": "220 2.0.0 go ahead\r\n250 2.0.0 injected"}
+    with (
+        DnsServer(zone) as dns,
+        PolicyServer(ca.server_context("mta-sts.example.net"), {"mta-sts.example.net": _ENFORCE}) as policies,
+        ScriptedSink(host="127.0.0.3", port=port) as plaintext,
+        ScriptedSink(host="127.0.0.2", port=port, tls=ca.server_context("not-mx1.example.net")) as wrong_name,
+        AnswerSink(injecting, extensions=("STARTTLS",), host="127.0.0.5", port=port) as injected,
+        _node(tmp_path, dns, port, ca, policies) as pigeon,
+    ):
+        _send(pigeon)
+        (failure,) = wait_until(lambda: pigeon.records("TransientFailure"))
+        text = failure["response"]["text"]
+        assert text.startswith(f"c.mail.example.net [127.0.0.5]:{port} broke the protocol: data after the 220"), text
+        tried = [f"a.mail.example.net [127.0.0.3]:{port}", f"mx1.example.net [127.0.0.2]:{port}"]
+        assert text.endswith(f"; tried {', '.join(tried)}, c.mail.example.net [127.0.0.5]:{port}"), text
+        assert not plaintext.received and not wrong_name.received and not injected.contents
 
 
 def test_a_testing_policy_delivers_as_without_it_and_warns(tmp_path: Path) -> None:

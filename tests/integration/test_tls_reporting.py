@@ -23,7 +23,7 @@ from tests.support.dkim import dkimpy_verify
 from tests.support.dns import DnsServer, Zone
 from tests.support.mta_sts import PolicyServer, ReportServer, TestCa
 from tests.support.process import PigeonProcess, free_port
-from tests.support.sinks import ScriptedSink, wait_until
+from tests.support.sinks import AnswerSink, ScriptedSink, wait_until
 
 _ENFORCE = "version: STSv1\nmode: enforce\nmx: *.mail.example.net\nmx: mx1.example.net\nmax_age: 86400\n"
 _STRINGS = ["version: STSv1", "mode: enforce", "mx: *.mail.example.net", "mx: mx1.example.net", "max_age: 86400"]
@@ -102,6 +102,50 @@ _EXPECTED_FAILURES = {
     ("starttls-not-supported", "a.mail.example.net", "127.0.0.3"): 1,
     ("certificate-host-mismatch", "b.mail.example.net", "127.0.0.4"): 1,
 }
+
+
+# CVE-2011-0411: the 220 to STARTTLS and a plaintext reply in the same write.
+_INJECTING = {"STARTTLS": "220 2.0.0 go ahead\r\n250 2.0.0 injected"}
+
+
+def test_hosts_injecting_plaintext_after_starttls_are_reported_and_passed_over_for_the_next(tmp_path: Path) -> None:
+    # a.mail and b.mail both answer STARTTLS with plaintext after the 220: under the enforced
+    # policy each is a TLS failure of its host (validation-failure), passed over without using
+    # mx_session_limit (2), and mx1 has the mail at the first attempt. Never in the clear.
+    ca = TestCa(tmp_path / "ca")
+    port = free_port()
+    with (
+        ReportServer(ca.server_context("tlsrpt.example.net")) as endpoint,
+        DnsServer(_zone(f"https://tlsrpt.example.net:{endpoint.port}/v1/report")) as dns,
+        PolicyServer(ca.server_context("mta-sts.example.net"), {"mta-sts.example.net": _ENFORCE}) as policies,
+        AnswerSink(_INJECTING, extensions=("STARTTLS",), host="127.0.0.3", port=port) as first,
+        AnswerSink(_INJECTING, extensions=("STARTTLS",), host="127.0.0.4", port=port) as second,
+        ScriptedSink(host="127.0.0.2", port=port, tls=ca.server_context("mx1.example.net")) as right,
+        _node(tmp_path, dns, port, ca, policies) as pigeon,
+    ):
+        _send(pigeon)
+        (record,) = wait_until(lambda: pigeon.records("Delivery"))
+        assert record["peer"] == f"mx1.example.net [127.0.0.2]:{port}"
+        assert len(right.received) == 1
+        assert not pigeon.records("TransientFailure")
+        assert [session[-1] for session in first.sessions + second.sessions] == ["STARTTLS", "STARTTLS"]
+        assert not first.contents and not second.contents
+
+        def reports() -> list[dict[str, Any]]:
+            return [json.loads(gzip.decompress(body)) for _, _, body in endpoint.reports]
+
+        expected = {
+            ("validation-failure", "a.mail.example.net", "127.0.0.3"): 1,
+            ("validation-failure", "b.mail.example.net", "127.0.0.4"): 1,
+        }
+        wait_until(lambda: _totals(reports()) == (1, expected), timeout=20)
+        reasons = [
+            detail["failure-reason-code"]
+            for report in reports()
+            for policy in report["policies"]
+            for detail in policy["failure-details"]
+        ]
+        assert all("data after the 220 reply to STARTTLS" in reason for reason in reasons), reasons
 
 
 def test_sessions_under_a_policy_are_reported_by_https_post_once_per_interval(tmp_path: Path) -> None:

@@ -383,10 +383,11 @@ class _SocketSink:
     """A raw-socket next hop on a free loopback port: a thread accepts, and each connection is
     served by `_serve` on a thread of its own. Subclasses say what is said on the wire."""
 
-    def __init__(self, host: str, name: str) -> None:
+    def __init__(self, host: str, name: str, port: int | None = None) -> None:
         self.host = host
         self._lock = threading.Lock()
-        self._listener = socket.create_server((host, free_port()))  # (not port 0: see tests.support.ports)
+        # (not port 0: see tests.support.ports)
+        self._listener = socket.create_server((host, free_port() if port is None else port))
         self._listener.settimeout(0.2)
         self.port = self._listener.getsockname()[1]
         self._stopping = threading.Event()
@@ -570,7 +571,8 @@ class AnswerSink(_SocketSink):
     to "." on a line of its own, CRLF only, dot-stuffing left as it is), and a BDAT's octets
     after BDAT, whatever the reply. With "STARTTLS" in `extensions`, STARTTLS is answered 220
     and the client's TLS hello with plaintext, then the connection closes: a handshake that
-    always fails (a client may then try again in the clear).
+    always fails (a client may then try again in the clear). `port`: the one to listen on
+    (None: a free one), for hosts that must share one (MX hosts on addresses of their own).
 
     `commands` is every command line received (content not included), `sessions` the same for
     each connection apart, `contents` every message's content in full (what ended with "." or
@@ -583,6 +585,7 @@ class AnswerSink(_SocketSink):
         extensions: tuple[str, ...] = (),
         delays: dict[str, float] | None = None,
         host: str = "127.0.0.1",
+        port: int | None = None,
     ) -> None:
         self.answers = answers or {}
         self.delays = delays or {}
@@ -592,7 +595,7 @@ class AnswerSink(_SocketSink):
         self.contents: list[bytes] = []
         self.quits = 0
         self.drops = 0
-        super().__init__(host, "answer-sink")
+        super().__init__(host, "answer-sink", port)
 
     def _serve(self, connection: socket.socket) -> None:
         connection.settimeout(30)

@@ -64,6 +64,7 @@ from pigeon.smtp.client_session import (
     Deliver,
     Event,
     Phase,
+    PlaintextAfterStartTls,
     Quit,
     Ready,
     Reason,
@@ -267,7 +268,10 @@ def _context(verify: bool, ca_file: str | None) -> ssl.SSLContext:
     return context
 
 
-_TLS_REASONS: Final = frozenset({Reason.TLS_NOT_OFFERED, Reason.TLS_REFUSED, Reason.TLS_FAILED})
+# A host that cannot give the TLS a policy requires (MTA-STS enforced, DANE): passed over for the
+# next, remembered, counted in TLS reports. Plaintext after its 220 to STARTTLS is one: its TLS is
+# no more to be trusted than a handshake that failed (and the clear is never tried after it).
+_TLS_REASONS: Final = frozenset({Reason.TLS_NOT_OFFERED, Reason.TLS_REFUSED, Reason.TLS_FAILED, Reason.TLS_INJECTED})
 
 # Errors of our own side (the source address cannot be bound), not of the peer.
 _LOCAL_ERRORS: Final = frozenset({errno.EADDRNOTAVAIL, errno.EADDRINUSE})
@@ -388,6 +392,16 @@ class _Wire(asyncio.Protocol):
                         events.append(event)
                     break
                 events.append(event)  # type: ignore[arg-type]
+        except PlaintextAfterStartTls as error:
+            # A broken protocol, and the host's STARTTLS not to be trusted: said as the session's
+            # verdict, for `ClientConnection._greet` to weigh under the TLS policy (a host an
+            # enforced MTA-STS policy or DANE then passes over), as it does a failed handshake.
+            unusable = Unusable(Reason.TLS_INJECTED, detail=str(error))
+            self.final = unusable
+            events.append(unusable)
+            self.fail(Reply(451, "4.5.0", (f"broke the protocol: {error}",)))
+            self.reset()
+            return
         except ClientProtocolError as error:
             self.fail(Reply(451, "4.5.0", (f"broke the protocol: {error}",)))
             self.reset()
@@ -539,6 +553,7 @@ class ClientConnection:
         spent = 0  # of mx_address_limit: addresses tried, and hosts that added none
         done: list[str] = []  # what was tried, for a failure that the limits cut short
         cut = False
+        refused = False  # whether a host was passed over for the policy's TLS (MTA-STS enforce, DANE)
         looped: str | None = None  # the first hop found to be this node, as a peer is named
         elsewhere = False  # whether any hop may be another node's (or could not be told: no address)
         hops = destination.hops
@@ -659,6 +674,7 @@ class ClientConnection:
                     # be used; mail delivery SHOULD proceed to the next candidate"); the addresses
                     # tried stay bound by mx_address_limit.
                     greeted = error.greeted and not error.by_policy
+                    refused = refused or error.by_policy
                     if error.by_policy and sts is not None and dane is None:
                         _remember_refused(sts, hop.host)  # (tried after the others next time)
                 connected = True
@@ -735,6 +751,17 @@ class ClientConnection:
                 f"not all hosts tried ([delivery] mx_address_limit {options.mx_address_limit}, "
                 f"mx_session_limit {options.mx_session_limit}); tried {', '.join(done)}"
             )
+            last = ConnectFailed(
+                Reply(reply.code, reply.enhanced, (*reply.lines[:-1], f"{reply.lines[-1]}; {note}")),
+                peer=last.peer,
+                tls=last.tls,
+                server=last.server,
+            )
+        elif refused and len(done) > 1:
+            # Hosts passed over for the policy's TLS, each for a reason of its own: the last
+            # host's alone would hide that the others were tried (and why they come last next time).
+            reply = last.reply
+            note = f"tried {', '.join(done)}"
             last = ConnectFailed(
                 Reply(reply.code, reply.enhanced, (*reply.lines[:-1], f"{reply.lines[-1]}; {note}")),
                 peer=last.peer,
@@ -853,7 +880,9 @@ class ClientConnection:
                 # address's: the attempt ends with it, and the dispatcher holds the route's mail
                 # and says so (a WARNING once, not one a connection).
                 authentication = event.authentication
-                final = authentication or (destination.auth is not None and event.reason in _TLS_REASONS)
+                # (Plaintext after the 220 is the host's doing, or the path's: another address may do.)
+                route_tls = event.reason in _TLS_REASONS and event.reason is not Reason.TLS_INJECTED
+                final = authentication or (destination.auth is not None and route_tls)
                 tls_failure: tuple[str, str] | None = None
                 if event.reason in _TLS_REASONS and (self.dane is not None or sts is not None):
                     detail = event.detail or (str(event.reply) if event.reply is not None else "STARTTLS not offered")

@@ -273,10 +273,16 @@ def parse_record(texts: Iterable[str]) -> list[str]:
 
 def classify(reason: str, detail: str, *, dane: bool) -> str:
     """The result type (RFC 8460 4.3) of a session turned away at TLS: `reason` the session's
-    (`Reason.value`: "tls-not-offered", "tls-refused", "tls-failed"), `detail` what the handshake
+    (`Reason.value`: "tls-not-offered", "tls-refused", "tls-failed", "tls-injected"), `detail` what the handshake
     or the TLSA match said."""
     if reason in ("tls-not-offered", "tls-refused"):
         return STARTTLS_NOT_SUPPORTED
+    if reason == "tls-injected":
+        # Plaintext after the 220 to STARTTLS (an injection): the host offered and accepted
+        # STARTTLS, so not `starttls-not-supported` ("did not support STARTTLS"), and no
+        # certificate was presented to be found wrong: RFC 8460's "general failure for a reason not
+        # matching a category above".
+        return VALIDATION_FAILURE
     text = detail.lower()
     if "expired" in text or "not yet valid" in text:
         return CERTIFICATE_EXPIRED

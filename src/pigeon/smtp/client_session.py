@@ -57,6 +57,7 @@ __all__ = [
     "Deliver",
     "Event",
     "Phase",
+    "PlaintextAfterStartTls",
     "Quit",
     "Ready",
     "Reason",
@@ -116,6 +117,13 @@ class TransactionDone:
     result: Result
 
 
+class PlaintextAfterStartTls(ClientProtocolError):
+    """The server's 220 to STARTTLS came with more after it, before the TLS handshake (RFC 3207
+    4.2): plaintext that whoever is on the path could have put there to be read as if it came
+    over TLS (a reply injection, CVE-2011-0411). A broken protocol, and, where TLS is required,
+    a failure of the host's TLS (`Reason.TLS_INJECTED`)."""
+
+
 class Reason(enum.Enum):
     """Why a server cannot be used on this connection."""
 
@@ -125,6 +133,10 @@ class Reason(enum.Enum):
     TLS_NOT_OFFERED = "tls-not-offered"  # TLS is required and STARTTLS is not in its EHLO reply
     TLS_REFUSED = "tls-refused"  # TLS is required and it refused STARTTLS
     TLS_FAILED = "tls-failed"  # it accepted STARTTLS but the handshake failed
+    # Plaintext followed its 220 to STARTTLS, before the handshake (RFC 3207 4.2; CVE-2011-0411).
+    # The session raises `PlaintextAfterStartTls` for it (a broken protocol); the I/O layer
+    # says it with this reason, so that a policy requiring TLS counts it as the host's TLS failure.
+    TLS_INJECTED = "tls-injected"
     AUTH_FAILED = "auth-failed"  # it refused our AUTH (535 bad credentials, 454, 504 ...)
     AUTH_NOT_OFFERED = "auth-not-offered"  # the route authenticates, and AUTH is not in its EHLO reply
     AUTH_NO_MECHANISM = "auth-no-mechanism"  # it offers AUTH, but none of the route's mechanisms
@@ -147,6 +159,7 @@ _EXPLAIN: Final[dict[Reason, tuple[str, str]]] = {
     Reason.TLS_NOT_OFFERED: ("4.7.4", "TLS required, but {peer} does not offer STARTTLS"),
     Reason.TLS_REFUSED: ("4.7.4", "TLS required, {peer} refused STARTTLS: {reply}"),
     Reason.TLS_FAILED: ("4.7.5", "TLS handshake with {peer} failed: {detail}"),
+    Reason.TLS_INJECTED: ("4.5.0", "{peer} broke the protocol: {detail}"),  # (as any broken protocol is said)
     # Authentication is the operator's business, never the recipients': whatever the server's
     # code (535 5.7.8 bad credentials), the attempt's reply is a 4xx, so no mail bounces for a
     # wrong password, and it says what Pigeon was doing. (AUTH_FAILED's enhanced code is the
@@ -590,7 +603,7 @@ class ClientSession:
                 # RFC 3207 4.2: nothing may follow the 220 before the handshake. What did is
                 # plaintext that an attacker could have put there (a reply injection).
                 self._broken()
-                raise ClientProtocolError("data after the 220 reply to STARTTLS, before the TLS handshake")
+                raise PlaintextAfterStartTls("data after the 220 reply to STARTTLS, before the TLS handshake")
             if step is Step.REFUSED:
                 self._starttls_refusal = reply
             self._move(step)
@@ -604,7 +617,10 @@ class ClientSession:
         if reply.code == 421 and self.phase is Phase.READY:
             self._close(Closed(reply))  # RFC 5321 3.8: the server is going away (idle timeout, shutdown)
             return
+        handshake = self.phase is Phase.HANDSHAKE  # (it came after the 220, before the I/O layer began the handshake)
         self._broken()
+        if handshake:
+            raise PlaintextAfterStartTls(f"data after the 220 reply to STARTTLS, before the TLS handshake: {reply}")
         raise ClientProtocolError(f"a reply to no command: {reply}")
 
     # --- transitions ---------------------------------------------------------------------------

@@ -30,6 +30,9 @@ def test_tls_failures_map_onto_the_rfc_8460_result_types() -> None:
     no_match = "DANE: no TLSA record of _25._tcp.mx.example.net matches the certificate"
     assert classify("tls-failed", no_match, dane=True) == "certificate-not-trusted"
     assert classify("tls-failed", "connection reset by the server", dane=False) == "validation-failure"
+    # STARTTLS offered and accepted, then plaintext after its 220: no certificate was at fault.
+    injected = "data after the 220 reply to STARTTLS, before the TLS handshake: 250 certificate has expired"
+    assert classify("tls-injected", injected, dane=False) == "validation-failure"
 
 
 def test_two_workers_counts_sum_into_one_report_with_its_failure_details() -> None:

@@ -24,6 +24,7 @@ from pigeon.smtp.client_session import (
     Deliver,
     Event,
     Phase,
+    PlaintextAfterStartTls,
     Quit,
     Ready,
     Reason,
@@ -390,7 +391,8 @@ def test_helo_fallback_after_tls_too() -> None:
 def test_plaintext_after_the_220_to_starttls_is_an_injection() -> None:
     script = starttls_script(TlsPolicy.OPPORTUNISTIC)
     script.server(EHLO_TLS)
-    with pytest.raises(ClientProtocolError, match="STARTTLS"):
+    # (its own kind of broken protocol: a policy that requires TLS counts it as the host's TLS failure)
+    with pytest.raises(PlaintextAfterStartTls, match="STARTTLS"):
         script.server(b"220 go ahead\r\n250-evil.test\r\n250 AUTH PLAIN\r\n")
     assert script.session.phase is Phase.CLOSED
     assert script.session.data_to_send() == b""
@@ -399,14 +401,14 @@ def test_plaintext_after_the_220_to_starttls_is_an_injection() -> None:
 def test_a_partial_line_after_the_220_to_starttls_is_an_injection_too() -> None:
     script = starttls_script(TlsPolicy.OPPORTUNISTIC)
     script.server(EHLO_TLS)
-    with pytest.raises(ClientProtocolError):
+    with pytest.raises(PlaintextAfterStartTls):
         script.server(b"220 go ahead\r\n2")
 
 
 def test_plaintext_during_the_handshake_is_an_injection() -> None:
     script = starttls_script(TlsPolicy.OPPORTUNISTIC)
     script.server(EHLO_TLS + b"220 go ahead\r\n")
-    with pytest.raises(ClientProtocolError):
+    with pytest.raises(PlaintextAfterStartTls, match="after the 220 reply to STARTTLS"):
         script.server(b"250 2.0.0 ok\r\n")
     with pytest.raises(SmtpUsageError):
         script.session.tls_established()
