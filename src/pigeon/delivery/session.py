@@ -392,14 +392,14 @@ class _Wire(asyncio.Protocol):
                         events.append(event)
                     break
                 events.append(event)  # type: ignore[arg-type]
-        except PlaintextAfterStartTls as error:
+        except PlaintextAfterStartTls as injected:  # (its own name: mypyc binds a name to one class)
             # A broken protocol, and the host's STARTTLS not to be trusted: said as the session's
             # verdict, for `ClientConnection._greet` to weigh under the TLS policy (a host an
             # enforced MTA-STS policy or DANE then passes over), as it does a failed handshake.
-            unusable = Unusable(Reason.TLS_INJECTED, detail=str(error))
+            unusable = Unusable(Reason.TLS_INJECTED, detail=str(injected))
             self.final = unusable
             events.append(unusable)
-            self.fail(Reply(451, "4.5.0", (f"broke the protocol: {error}",)))
+            self.fail(Reply(451, "4.5.0", (f"broke the protocol: {injected}",)))
             self.reset()
             return
         except ClientProtocolError as error:
