@@ -85,7 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pigeon.cli import sendmail
 
         return sendmail.run(arguments[1:])
-    if arguments[:1] == ["serve"]:
+    if arguments[:1] == ["serve"] and "--check" not in arguments:
+        # (Not for `--check`, which starts nothing: its signals stay as they were, and so do
+        # those of what a process that ran it in-process starts later.)
         # First, before the imports and the config: a reload or a stop asked for meanwhile
         # must not kill the node; it waits until the node can act on it, and a stop no longer
         # than the start-up allows (`pigeon.node.signals`).

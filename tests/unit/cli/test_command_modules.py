@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from pigeon.cli.main import COMMANDS, build_parser
+from pigeon.cli.main import COMMANDS, build_parser, main
 
 
 def test_every_command_is_the_one_its_module_registers() -> None:
@@ -47,3 +49,14 @@ def test_an_operator_command_does_not_import_the_node_nor_other_commands() -> No
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     assert "pigeon.cli.logs" in loaded
     assert not {"pigeon.cli.admin", "pigeon.cli.top", "pigeon.cli.serve", "pigeon.node.node"} & set(loaded)
+
+
+def test_serve_check_run_in_process_leaves_the_processes_signals_unblocked(tmp_path: Path) -> None:
+    # `serve` blocks SIGTERM and SIGHUP until the node can act on them; `--check` starts no node.
+    # Held, they stayed blocked in the caller (a test worker) and in all it started later:
+    # smtp-sink and `pigeon logs --follow` then outlived their SIGTERM (12 suite failures).
+    (tmp_path / "pigeon.toml").write_text("no_such_key = 1\n")
+    with pytest.raises(SystemExit):
+        main(["serve", "--check", "-c", str(tmp_path / "pigeon.toml")])
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    assert signal.SIGTERM not in blocked and signal.SIGHUP not in blocked
