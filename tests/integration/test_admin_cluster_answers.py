@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -18,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.admin_cluster import ADMIN, TOKENS, admin_cluster
+from tests.support.admin_cluster import ADMIN, TOKENS, admin_cluster, admin_command
 from tests.support.process import PigeonProcess
 from tests.support.services import RedisServer
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
@@ -57,13 +55,6 @@ def _defer(node: PigeonProcess, count: int, domain: str = "example.net") -> None
         )
         assert status == 200, answer
     wait_until(lambda: len({r["id"] for r in node.records("TransientFailure")}) >= before + count, 30)
-
-
-def _pigeon(node: PigeonProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pigeon", *args, "--url", f"http://127.0.0.1:{node.http_port}", "--token", ADMIN],
-        capture_output=True, text=True, timeout=90,
-    )  # fmt: skip
 
 
 @pytest.mark.parametrize("asked", ["a", "b"])
@@ -126,11 +117,11 @@ def test_an_answer_that_leaves_out_a_node_says_so_and_exits_75(
     _defer(a, 2)
     _defer(b, 3)
     _kill_just_after_it_renewed(b, redis_server)
-    shown = _pigeon(a, "suspend", "--list", "--cluster")
+    shown = admin_command(a, "suspend", "--list", "--cluster")
     assert shown.returncode == 75, shown.stdout + shown.stderr
     assert "nodes: a (done), b (missing)" in shown.stdout, shown.stdout
     assert "node b did not answer in time" in shown.stdout and "ask again once it is back" in shown.stdout
-    shown = _pigeon(a, "bounce", "--domain", "example.net")
+    shown = admin_command(a, "bounce", "--domain", "example.net")
     assert shown.returncode == 75, shown.stdout + shown.stderr
     assert "bounced 2 messages" in shown.stdout and "nodes: a (done), b (pending)" in shown.stdout, shown.stdout
     assert "a pending node applies it when it comes back" in shown.stdout, shown.stdout
@@ -146,7 +137,7 @@ def test_a_node_killed_just_before_redis_lost_its_data_is_named_missing_not_left
     _kill_just_after_it_renewed(b, redis_server)
     redis_server.kill()  # kill -9, no persistence: b's presence is gone with the rest
     redis_server.start()
-    shown = _pigeon(a, "queue", "summary", "--cluster", "--json")
+    shown = admin_command(a, "queue", "summary", "--cluster", "--json")
     assert shown.returncode == 75, shown.stdout + shown.stderr
     assert json.loads(shown.stdout)["cluster"]["nodes"] == {"a": "done", "b": "missing"}, shown.stdout
 
@@ -182,7 +173,7 @@ def test_a_node_killed_2s_before_redis_lost_its_data_is_named_pending_though_the
         redis_server.kill()
         redis_server.start()
         time.sleep(0.5)
-        shown = _pigeon(a if asked == "a" else b, "retry", "--domain", "example.net")
+        shown = admin_command(a if asked == "a" else b, "retry", "--domain", "example.net")
         assert shown.returncode == 75, shown.stdout + shown.stderr
         assert "5 messages due now" in shown.stdout, shown.stdout
         assert "nodes: a (done), b (done), c (pending)" in shown.stdout, shown.stdout
@@ -200,14 +191,14 @@ def test_a_suspension_made_while_a_worker_of_another_node_restarts_says_it_was_m
     _defer(b, 4, "d4.test")
     stopped = b.shard_owner(1)
     os.kill(stopped, signal.SIGSTOP)
-    shown = _pigeon(a, "suspend", "--domain", "d4.test", "--reason", "x")
+    shown = admin_command(a, "suspend", "--domain", "d4.test", "--reason", "x")
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert f"worker 1 (pid {stopped}) has not answered the supervisor" in b.stderr()
     first = shown.stdout.splitlines()[0]
     assert first.startswith("suspended until resumed (rule ") and first.endswith("6 messages held"), shown.stdout
     assert "nodes: a (done), b (done)" in shown.stdout, shown.stdout
     # Asked again, every worker of every node holds it already: that is "nothing added".
-    shown = _pigeon(b, "suspend", "--domain", "d4.test", "--reason", "x")
+    shown = admin_command(b, "suspend", "--domain", "d4.test", "--reason", "x")
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert shown.stdout.startswith("already suspended until resumed by rule "), shown.stdout
 
@@ -235,7 +226,7 @@ def test_a_rule_made_while_redis_was_away_reaches_the_other_nodes_as_that_very_r
             for name, workers, url in (("a", 1, redis_server.url), ("b", 2, proxy.url))
         )
         redis_server.kill()
-        shown = _pigeon(a, "bounce", "--domain", "d1.test", "--duration", "15s")
+        shown = admin_command(a, "bounce", "--domain", "d1.test", "--duration", "15s")
         assert shown.returncode == 75, shown.stdout + shown.stderr  # (b's part is not in the answer)
         assert "applied on this node only for now" in shown.stdout, shown.stdout
         time.sleep(3)  # what is left of it is 12 s, not 15

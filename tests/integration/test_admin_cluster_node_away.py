@@ -9,8 +9,6 @@ Redis is away, it reaches b alone: an id b does not hold is not said to be nowhe
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +17,7 @@ from typing import Any
 import pytest
 
 from pigeon.message import parse_id, shard_of
-from tests.support.admin_cluster import ADMIN, admin_cluster
+from tests.support.admin_cluster import ADMIN, admin_cluster, admin_command
 from tests.support.process import PigeonProcess
 from tests.support.services import RedisServer
 from tests.support.sinks import ScriptedSink, wait_until
@@ -59,13 +57,6 @@ def _inject(node: PigeonProcess, recipient: str, count: int) -> list[str]:
     return ids
 
 
-def _pigeon(node: PigeonProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pigeon", *args, "--url", f"http://127.0.0.1:{node.http_port}", "--token", ADMIN],
-        capture_output=True, text=True, timeout=90,
-    )  # fmt: skip
-
-
 @pytest.mark.parametrize("ended", ["resumed after", "ran out meanwhile"])
 def test_a_bounce_and_a_hold_by_id_issued_while_their_node_was_stopped_are_applied_there_before_it_delivers(
     cluster: tuple[PigeonProcess, PigeonProcess], sink: ScriptedSink, ended: str
@@ -77,7 +68,7 @@ def test_a_bounce_and_a_hold_by_id_issued_while_their_node_was_stopped_are_appli
     # a suspension that ran out while a was down, a worker delivered its message first too.
     a, b = cluster
     duration = ["--duration", "8s"] if ended == "ran out meanwhile" else []
-    shown = _pigeon(a, "suspend", "--domain", "d1.test", *duration, "--json")
+    shown = admin_command(a, "suspend", "--domain", "d1.test", *duration, "--json")
     assert shown.returncode == 0, shown.stdout + shown.stderr
     suspension = json.loads(shown.stdout)["rule"]["id"]
     made = time.monotonic()
@@ -85,14 +76,14 @@ def test_a_bounce_and_a_hold_by_id_issued_while_their_node_was_stopped_are_appli
     assert sorted(shard_of(parse_id(spool_id)) for spool_id in ids) == [0, 0, 1, 1], ids  # each worker has two
     bounced, held = ids[:2], ids[2:]  # (one of each worker's in each)
     a.stop()
-    shown = _pigeon(b, "bounce", *(f"--id={spool_id}" for spool_id in bounced), "--reason", "gone")
+    shown = admin_command(b, "bounce", *(f"--id={spool_id}" for spool_id in bounced), "--reason", "gone")
     assert shown.returncode == 75, shown.stdout + shown.stderr
     assert shown.stdout.count("node a is not running: applied there when it starts") == 2, shown.stdout
-    shown = _pigeon(b, "hold", *(f"--id={spool_id}" for spool_id in held), "--reason", "wait")
+    shown = admin_command(b, "hold", *(f"--id={spool_id}" for spool_id in held), "--reason", "wait")
     assert shown.returncode == 75, shown.stdout + shown.stderr
     assert shown.stdout.count("node a is not running: applied there when it starts") == 2, shown.stdout
     if ended == "resumed after":
-        shown = _pigeon(b, "resume", suspension)
+        shown = admin_command(b, "resume", suspension)
         assert shown.returncode == 0, shown.stdout + shown.stderr
         assert "a (will apply at start)" in shown.stdout, shown.stdout
     else:
@@ -118,7 +109,7 @@ def test_a_write_by_id_while_redis_is_away_says_the_other_nodes_were_not_reached
     [elsewhere] = _inject(a, "user@d1.test", 1)
     [here] = _inject(b, "user@d1.test", 1)
     redis_server.kill()
-    shown = _pigeon(b, "bounce", "--id", elsewhere, "--id", here, "--reason", "r")
+    shown = admin_command(b, "bounce", "--id", elsewhere, "--id", here, "--reason", "r")
     assert shown.returncode == 75, shown.stdout + shown.stderr
     assert f"  {here}  node b: bounced (1 recipient)" in shown.stdout, shown.stdout
     assert f"  {elsewhere}  not found on node b; the other nodes were not reached (Redis cannot be reached)" in (
@@ -130,10 +121,10 @@ def test_a_write_by_id_while_redis_is_away_says_the_other_nodes_were_not_reached
     assert answer["messages"] == [{"id": elsewhere, "result": "unknown", "not_found_on": ["b"]}], answer
     assert answer["cluster"]["nodes"] == {"b": "done"} and answer["cluster"]["others_unreached"] is True, answer
     for command in (("retry", "--domain", "d1.test"), ("rebind", "--domain", "d1.test", "--routing-domain", "d2.test")):
-        shown = _pigeon(b, *command)
+        shown = admin_command(b, *command)
         assert shown.returncode == 75, shown.stdout + shown.stderr
         assert "Redis cannot be reached" in shown.stdout, shown.stdout
-    shown = _pigeon(b, "suspend", "--domain", "d3.test")
+    shown = admin_command(b, "suspend", "--domain", "d3.test")
     assert shown.returncode == 75, shown.stdout + shown.stderr
     assert "sent to the other nodes once Redis answers" in shown.stdout, shown.stdout
     assert [r["id"] for r in a.records("AdminBounce")] == [], "a heard nothing"

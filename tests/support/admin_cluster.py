@@ -3,6 +3,8 @@ sink, and the operator's token."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -34,3 +36,11 @@ def admin_cluster(
             )
             for name, count in workers
         )
+
+
+def admin_command(node: PigeonProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    """`pigeon ARGS` run against `node`'s HTTP API with the operator's token."""
+    return subprocess.run(
+        [sys.executable, "-m", "pigeon", *args, "--url", f"http://127.0.0.1:{node.http_port}", "--token", ADMIN],
+        capture_output=True, text=True, timeout=90,
+    )  # fmt: skip
