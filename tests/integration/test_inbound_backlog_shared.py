@@ -102,4 +102,10 @@ def test_three_nodes_share_a_backlog_smaller_than_two_batches(
     assert all(r["node"] == name for name, found in records.items() for r in found)
     recorded = [r["dedupe_key"] for found in records.values() for r in found]
     assert sorted(recorded) == sorted(keys), "each message has one InboundDelivery record, on one node"
-    assert all(by_node.values()), f"a node handed nothing over while another took the backlog: {by_node}"
+    # Shares, not whole batches: a node that claimed a batch and the next ahead of time took 50
+    # and then 30 (all 80 alone, or 50 with another's 30). With shares each node claims at most
+    # a third of what nobody holds: none reaches a batch, and at least two take part. (That the
+    # third does too depends on its hearing of the mail before the other two drain it, which a
+    # loaded machine can delay by seconds: a CI run once saw 0, 41, 39.)
+    assert max(by_node.values()) < BATCH, f"a node took a whole batch of the backlog: {by_node}"
+    assert sum(1 for handed in by_node.values() if handed) >= 2, f"one node took the whole backlog: {by_node}"

@@ -355,12 +355,13 @@ class Dispatcher:
             _log.info("site %s is down: an operator's retry makes its probe due now", site)
             self._start_site(site)  # (mail already waiting in its ready queues asks for it now)
 
-    def credentials_changed(self, site: str) -> list[float]:
+    def credentials_changed(self, site: str) -> list[tuple[str, float]]:
         """A reload changed the credentials of a route to `site` (its smart host, `host:port`):
         a hold for a refused AUTH there is lifted (the new password is tried at once, by the
         mail that comes ready), and the new credentials are not yet known to work (one
-        connection first). The seconds until each lifted hold's probe: its held mail was
-        deferred to then, and the caller makes it due now (`Admin.retry_deferred_to`)."""
+        connection first). Each lifted hold's health key and the seconds until its probe: its
+        held mail was deferred to then, and the caller makes it due now
+        (`Admin.retry_deferred_to`)."""
         lifted = []
         for key in [*self.health.down_sites(), *self._authenticated]:
             if _auth_site(key) == site:
@@ -368,7 +369,7 @@ class Dispatcher:
                 wait = self.health.until_probe(key)
                 if self.health.connected(key) is not None:
                     _log.info("site %s: a reload changed the route's credentials: its mail goes again", key)
-                    lifted.append(wait)
+                    lifted.append((key, wait))
                     self._start_site(key)
         return lifted
 

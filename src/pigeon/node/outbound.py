@@ -243,14 +243,17 @@ class Outbound:
         hops_before = {host_port(r.next_hop.host, r.next_hop.port) for r in self.router.routes if r.next_hop}
         health, now = self.dispatcher.health, self._clock()
         # When each down site's mail is due: its probe's time, to which it was deferred.
-        probes = [now + health.until_probe(site) for site in health.down_sites() if not health.probing(site)]
+        probes = {site: now + health.until_probe(site) for site in health.down_sites() if not health.probing(site)}
         changed = self.router.replace(routes)
         for route in routes:
             # A smart host held for refusing the old password gets the new one at once.
             auth, hop = route.auth, route.next_hop
             if auth is not None and hop is not None and before.get((hop, auth.username), auth) != auth:
-                for wait in self.dispatcher.credentials_changed(host_port(hop.host, hop.port)):
-                    # Its held mail was deferred to the probe: due now, not at the probe.
+                for site, wait in self.dispatcher.credentials_changed(host_port(hop.host, hop.port)):
+                    # Its held mail was deferred to the probe: due now, not at the probe, by
+                    # this walk alone (the rerouting walk below would race it for the same
+                    # rows, and the log would credit the wrong one).
+                    probes.pop(site, None)
                     self._make_due_held(self._clock() + wait)
         self._warn_routes_to_self(routes)
         self._load_system_cas()
@@ -262,7 +265,7 @@ class Outbound:
             if key.rpartition("->")[2] in gone and health.forget(key):  # (`source->site` for a [[source]]'s path)
                 _log.info("reload: site %s was down, and no [[route]] leads there any more: no longer probed", key)
         if probes:
-            self._make_due_rerouted(probes, changed)
+            self._make_due_rerouted(list(probes.values()), changed)
 
     def _make_due_rerouted(self, probes: list[float], changed: Callable[[str, str | None], bool]) -> None:
         """The spool's mail whose route `changed` that waits for a down site's probe (due at
