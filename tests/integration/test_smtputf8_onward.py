@@ -3,10 +3,13 @@ injection, `pigeon inject`): only an envelope address that is not ASCII needs it
 and is refused, 5.6.7, by a next hop without it. UTF-8 in a header field asks for SMTPUTF8
 where the next hop offers it and otherwise goes with BODY=8BITMIME; to a hop with neither it
 is refused for want of 8BITMIME, 5.6.3. Pure-ASCII mail sent with SMTPUTF8 goes to a next
-hop that lacks it."""
+hop that lacks it. A header section in 8-bit octets that are not UTF-8 (raw Latin-1) asks for
+no SMTPUTF8, even where offered (it left with SMTPUTF8 at every door, telling a strict next hop
+to read Latin-1 as UTF-8): BODY=8BITMIME alone, unless the client itself said SMTPUTF8."""
 
 from __future__ import annotations
 
+import base64
 import smtplib
 import subprocess
 import sys
@@ -179,6 +182,68 @@ def test_utf8_in_a_header_field_to_a_next_hop_with_neither_extension_bounces_for
 ) -> None:
     recipient = f"{door}@none.test"
     _through(doors_node, door, recipient, UTF8_SUBJECT)
+    bounce = wait_until(lambda: [b for b in doors_node.records("Bounce") if b["recipient"] == recipient])[0]
+    assert (bounce["response"]["code"], bounce["response"]["enhanced"]) == (554, "5.6.3")
+    assert [r for r in hops["none"].received if r.recipients == [recipient]] == []
+
+
+# --- 8-bit header bytes that are not UTF-8: legacy 8-bit mail, no SMTPUTF8 ----------------------
+LATIN1_SUBJECT = b"From: a@example.org\r\nTo: b@hop.test\r\nSubject: caf\xe9 M\r\n\r\nb\r\n"
+"""A raw Latin-1 Subject (RFC 6532 3 allows only UTF-8 there): SMTPUTF8 would tell the next hop
+it is UTF-8, and a strict one would read it so."""
+
+
+def _through_bytes(node: PigeonProcess, door: str, recipient: str, data: bytes, tmp_path: Path) -> None:
+    """As `_through`, for bytes that are not UTF-8: base64 over HTTP, a message file for the CLI."""
+    if door == "http":
+        request = {
+            "envelope_sender": "a@example.org",
+            "recipients": [{"email": recipient}],
+            "content": base64.b64encode(data).decode(),
+            "content_encoding": "base64",
+            "template": False,
+        }
+        status, answer = node.http_post("/api/v1/inject", request, TOKEN)
+        assert (status, answer["accepted"]) == (200, 1), answer
+    elif door == "cli":
+        path = tmp_path / "latin.eml"
+        path.write_bytes(data)
+        command = [sys.executable, "-m", "pigeon", "inject", "-c", str(node.config_path), "--token", TOKEN]
+        command += ["--from", "a@example.org", "--to", recipient, str(path)]
+        done = subprocess.run(command, capture_output=True, timeout=60, check=False)
+        assert done.returncode == 0, done
+    else:
+        _through(node, door, recipient, data)
+
+
+@pytest.mark.parametrize("door", ["smtp", "http", "cli"])
+def test_a_latin1_header_goes_with_8bitmime_and_no_smtputf8_to_a_next_hop_that_offers_it_at_every_door(
+    doors_node: PigeonProcess, hops: dict[str, ScriptedSink], door: str, tmp_path: Path
+) -> None:
+    recipient = f"latin1-{door}@u8.test"
+    _through_bytes(doors_node, door, recipient, LATIN1_SUBJECT, tmp_path)
+    received = wait_until(lambda: [r for r in hops["u8"].received if r.recipients == [recipient]])
+    assert "BODY=8BITMIME" in received[0].mail_options
+    assert "SMTPUTF8" not in received[0].mail_options
+    assert b"Subject: caf\xe9 M" in received[0].data
+
+
+def test_a_latin1_header_from_a_client_that_asked_for_smtputf8_goes_on_with_it(
+    doors_node: PigeonProcess, hops: dict[str, ScriptedSink]
+) -> None:
+    # The client's word, passed on as any SMTPUTF8 it sends (README): Pigeon does not second-guess it.
+    recipient = "latin1-smtp-smtputf8@u8.test"
+    _through(doors_node, "smtp-smtputf8", recipient, LATIN1_SUBJECT)
+    received = wait_until(lambda: [r for r in hops["u8"].received if r.recipients == [recipient]])
+    assert "SMTPUTF8" in received[0].mail_options
+
+
+@pytest.mark.parametrize("door", ["smtp", "http", "cli"])
+def test_a_latin1_header_to_a_next_hop_with_neither_extension_bounces_for_want_of_8bitmime(
+    doors_node: PigeonProcess, hops: dict[str, ScriptedSink], door: str, tmp_path: Path
+) -> None:
+    recipient = f"latin1-{door}@none.test"
+    _through_bytes(doors_node, door, recipient, LATIN1_SUBJECT, tmp_path)
     bounce = wait_until(lambda: [b for b in doors_node.records("Bounce") if b["recipient"] == recipient])[0]
     assert (bounce["response"]["code"], bounce["response"]["enhanced"]) == (554, "5.6.3")
     assert [r for r in hops["none"].received if r.recipients == [recipient]] == []

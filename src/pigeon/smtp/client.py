@@ -25,7 +25,9 @@ truly needs SMTPUTF8 (it has no other form on the wire). UTF-8 in a header field
 SMTPUTF8 where the next hop offers it, and otherwise goes as 8-bit data with BODY=8BITMIME
 (as a legacy client's raw Subject always has: Postfix's smtputf8_autodetect_classes keeps
 such mail deliverable, KumoMTA refuses only an 8-bit envelope); with neither extension
-offered it is refused for want of 8BITMIME (5.6.3): a header field has no 7-bit form.
+offered it is refused for want of 8BITMIME (5.6.3): a header field has no 7-bit form. 8-bit
+octets in a header section that is not UTF-8 (raw Latin-1) ask for no SMTPUTF8 at all: they
+go with BODY=8BITMIME alone, or are refused alike.
 """
 
 from __future__ import annotations
@@ -290,12 +292,22 @@ def needs_smtputf8(sender: str, recipients: list[Recipient]) -> bool:
 
 
 def utf8_header(body: bytes) -> bool:
-    """Whether the header section of `body` (CRLF lines) holds octets beyond ASCII. Only
+    """Whether the header section of `body` (CRLF lines) is UTF-8 beyond ASCII (RFC 6532 3:
+    SMTPUTF8 mail). 8-bit octets that are not UTF-8 (a legacy client's raw Latin-1 Subject)
+    are not: SMTPUTF8 would tell the next hop to read them as UTF-8. They go as 8-bit data,
+    as such mail always has, and as `pigeon.compose` reads an injected header alike. Only
     the header section is read (the body may be large; it is no header)."""
     if body.startswith(b"\r\n"):  # no header section at all
         return False
     end = body.find(b"\r\n\r\n")
-    return not (body if end < 0 else body[: end + 2]).isascii()
+    head = body if end < 0 else body[: end + 2]
+    if head.isascii():
+        return False
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 @dataclass(slots=True)

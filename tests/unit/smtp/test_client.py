@@ -749,6 +749,18 @@ def test_a_raw_utf8_header_sent_without_smtputf8_goes_on_as_it_came() -> None:
     assert b" SMTPUTF8" in Transaction(folded, FULL_PEER).start()
 
 
+def test_a_raw_latin1_header_goes_with_8bitmime_and_without_smtputf8_even_where_offered() -> None:
+    # Not UTF-8: SMTPUTF8 would have the next hop read caf\xe9 as UTF-8 (RFC 6532 3).
+    for head in (b"Subject: caf\xe9\r\n", "Subject: café\r\n".encode() + b"X-Old: \xe9\r\n"):
+        env = envelope("b@example.net", body=head + b"\r\nhi\r\n", eight_bit=True)
+        mail = Transaction(env, FULL_PEER).start()
+        assert b"SMTPUTF8" not in mail
+        assert b"BODY=8BITMIME" in mail
+    # Asked for, it still goes: the client's word is passed on.
+    asked = envelope("b@example.net", body=b"Subject: caf\xe9\r\n\r\nhi\r\n", eight_bit=True, smtputf8=True)
+    assert b" SMTPUTF8" in Transaction(asked, FULL_PEER).start()
+
+
 def test_smtputf8_asked_for_still_goes_to_a_server_that_offers_it() -> None:
     assert b" SMTPUTF8" in Transaction(envelope("b@example.net", smtputf8=True), FULL_PEER).start()
 
