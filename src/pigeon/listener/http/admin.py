@@ -73,6 +73,8 @@ from pigeon.listener.http.inject import bad_request
 from pigeon.listener.http.json_body import (
     lone_surrogate,
     lone_surrogate_refusal,
+    number_out_of_range,
+    out_of_range_text,
     repeated_member,
     repeated_refusal,
     require_json,
@@ -307,7 +309,10 @@ def with_id(body: bytes, via: Literal["cli", "api"] | None = None, bound: frozen
                 if bound is not None and isinstance(decoded["id"], str):
                     decoded["bound_to"] = sorted(bound)
                     decoded["id"] = bound_rule_id(decoded["bound_to"], decoded["id"])
-            return json.dumps(decoded).encode()
+            # (A number too large to hold, `1e400`, is `inf` here, which JSON has no number for:
+            # the body is left as it is, for `validate` to refuse naming its member, rather than
+            # written as `Infinity` and refused as "malformed JSON".)
+            return json.dumps(decoded, allow_nan=False).encode()
     return body
 
 
@@ -543,7 +548,8 @@ def confine_received(
                 bound = decoded["bound_to"]
                 tenants = frozenset(bound if _tenant_list(bound) else [])
             elif isinstance(decoded, dict) and tenants is not None:
-                body = json.dumps({**decoded, "bound_to": sorted(tenants)}).encode()
+                # (`allow_nan`: as `with_id`, a number too large to hold is left for `validate` to name)
+                body = json.dumps({**decoded, "bound_to": sorted(tenants)}, allow_nan=False).encode()
     if tenants is None or method not in ("POST", "DELETE"):
         return body
     validate(method, path, body)
@@ -699,7 +705,7 @@ def _decode(path: str, body: bytes) -> Selecting:
     try:
         request: Selecting = _DECODERS[action].decode(body)
     except msgspec.ValidationError as error:
-        raise _refusal(error, action) from None
+        raise _refusal(error, action, body) from None
     except msgspec.DecodeError as error:
         if (surrogate := lone_surrogate(body)) is not None:  # msgspec says "truncated", naming no member
             path, name = surrogate
@@ -828,9 +834,12 @@ def _normalise_globs(request: Selecting) -> None:
         request.routing_domain = routing.lower().removesuffix(".")
 
 
-def _refusal(error: msgspec.ValidationError, action: str) -> web.HTTPBadRequest:
+def _refusal(error: msgspec.ValidationError, action: str, body: bytes) -> web.HTTPBadRequest:
     """A decoding error as a 400 whose `field` always says where, and a message that says what to do."""
     message = str(error)
+    number = number_out_of_range(body, message)
+    if number is not None and number != "$.duration":
+        return bad_request(out_of_range_text(), number)
     if (unknown := _UNKNOWN_FIELD.match(message)) is not None:
         name = unknown.group(1)
         # (`via` and `bound_to` are set where a request is issued: not members for a client to send)

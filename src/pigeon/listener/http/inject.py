@@ -90,7 +90,10 @@ from pigeon.listener.http.context import NODE_KEY
 from pigeon.listener.http.json_body import (
     lone_surrogate,
     lone_surrogate_refusal,
+    member_path,
     members,
+    number_out_of_range,
+    out_of_range_text,
     repeated_member,
     repeated_refusal,
     require_json,
@@ -266,10 +269,18 @@ def _log_refusal(request: web.Request, refused: web.HTTPClientError, holder: str
 
 
 class _Named(msgspec.Struct):
-    """The envelope a request refused whole names, read whatever else is wrong with it."""
+    """The envelope a request refused whole names, read whatever else is wrong with it. (The
+    members not named here are skipped, not decoded: a number too large to hold in the
+    substitutions, which is why it was refused, leaves the envelope to be read.)"""
 
     envelope_sender: Any = None
-    recipients: Any = None
+    recipients: msgspec.Raw = msgspec.Raw(b"null")
+
+
+class _NamedRecipient(msgspec.Struct):
+    """A recipient of a request refused whole, its members other than `email` skipped."""
+
+    email: Any = None
 
 
 def _named(body: bytes, most: int) -> tuple[str | None, list[str] | None]:
@@ -283,12 +294,19 @@ def _named(body: bytes, most: int) -> tuple[str | None, list[str] | None]:
         return None, None
     sender = shown(named.envelope_sender) if isinstance(named.envelope_sender, str) else None
     recipients: list[str] = []
-    if isinstance(named.recipients, list):
-        for recipient in named.recipients:
-            if len(recipients) >= most:
-                break
-            if isinstance(recipient, dict) and isinstance(email := recipient.get("email"), str):
-                recipients.append(shown(email))
+    try:
+        listed = msgspec.json.decode(named.recipients, type=list[msgspec.Raw])
+    except msgspec.DecodeError:  # (no list: names none)
+        listed = []
+    for raw in listed:
+        if len(recipients) >= most:
+            break
+        try:
+            recipient = msgspec.json.decode(raw, type=_NamedRecipient)
+        except (msgspec.DecodeError, RecursionError):  # (no object: names none)
+            continue
+        if isinstance(recipient.email, str):
+            recipients.append(shown(recipient.email))
     return sender, recipients or None
 
 
@@ -804,7 +822,6 @@ _MEDIA_TYPE_FIELD: Final = re.compile(r"\$\.content\.attachments\[\d+\]\.content
 
 _MEMBER: Final = re.compile(r"(Object (?:contains unknown|missing required) field `([^`]*)`)(?: - at `(\$[^`]*)`)?")
 _MAP_VALUE: Final = re.compile(r"(.*) - at `(\$[^`]*)\[\.\.\.\]`")
-_PLAIN_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def _refusal(
@@ -814,10 +831,17 @@ def _refusal(
     if isinstance(error, msgspec.ValidationError):
         try:  # (msgspec validates as it parses: `{"a":` was "unknown field `a`", cut off as it is)
             msgspec.json.decode(body)
+        except msgspec.ValidationError:
+            # A number too large to hold ("Number out of range": a DecodeError too), where the
+            # check stopped: JSON so far. (Refused as malformed, this was refused again and
+            # again, to a RecursionError and a 500.)
+            pass
         except msgspec.DecodeError as malformed:
             return _refusal(body, malformed)
         except RecursionError:
             pass
+        if (number := number_out_of_range(body, str(error))) is not None:
+            return bad_request(out_of_range_text(), number)
         if (refused := _value_refusal(body, str(error))) is not None:
             return refused
         return _member_refusal(body, str(error))
@@ -847,11 +871,11 @@ def _member_refusal(body: bytes, error: str) -> web.HTTPBadRequest:
     key (`$.recipients[0].metadata.u`), where msgspec says only the object it is in, or `[...]`."""
     if (member := _MEMBER.fullmatch(error)) is not None:
         text, name, at = member.groups()
-        return bad_request(text, _member_path(at or "$", name))
+        return bad_request(text, member_path(at or "$", name))
     if (value := _MAP_VALUE.fullmatch(error)) is not None:
         text, at = value.groups()
         if (key := _first_not_a_string(body, at)) is not None:
-            return bad_request(text, _member_path(at, key))
+            return bad_request(text, member_path(at, key))
     return bad_request(error, None if _FIELD.search(error) else "$")
 
 
@@ -864,12 +888,6 @@ def _first_not_a_string(body: bytes, path: str) -> str | None:
         return next((name for name, start, _ in members(body, span[0]) if body[start : start + 1] != b'"'), None)
     except (ValueError, IndexError):
         return None
-
-
-def _member_path(at: str, name: str) -> str:
-    """The JSON path of member `name` of the object at `at`: `$.a.b`, or `$.a["b c"]` for a
-    name that is not letters, digits, "-" and "_"."""
-    return f"{at}.{name}" if _PLAIN_NAME.fullmatch(name) else f"{at}[{msgspec.json.encode(name[:64]).decode()}]"
 
 
 def _value_refusal(body: bytes, error: str) -> web.HTTPBadRequest | None:

@@ -6,13 +6,18 @@ same: a client that did not mean JSON learnt nothing. And `{"domain": "a", "doma
 took the last value without a word (RFC 8259 leaves it to the reader): which one a client
 meant is anyone's guess, so neither is taken. And a string holding a lone surrogate escape
 (`"\\ud800"`) is no Unicode text: msgspec refused it as "Input data was truncated" or "invalid
-utf-16 surrogate pair", naming no member, so the path of the string is found and said.
+utf-16 surrogate pair", naming no member, so the path of the string is found and said. And
+a number too large to hold (`1e400`, an integer of thousands of digits) is valid JSON that
+msgspec refuses as "Number out of range", naming a map's member as `[...]`: its path is found
+and said, with what is taken.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
+import sys
 from collections.abc import Iterator
 from typing import Any, Final
 
@@ -177,6 +182,82 @@ def lone_surrogate_refusal(path: str, *, name: bool) -> str:
         f"{what} holds a lone surrogate escape (\\uD800-\\uDFFF without its pair), which is not valid "
         "Unicode text: send the text as UTF-8, or a character beyond U+FFFF as both halves of its pair"
     )
+
+
+_OUT_OF_RANGE: Final = re.compile(r"(?:Number|Integer value) out of range(?: - at `(\$[^`]*)`)?")
+_PLAIN_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def member_path(at: str, name: str) -> str:
+    """The JSON path of member `name` of the object at `at`: `$.a.b`, or `$.a["b c"]` for a
+    name that is not letters, digits, "-" and "_"."""
+    return f"{at}.{name}" if _PLAIN_NAME.fullmatch(name) else f"{at}[{json.dumps(name[:64], ensure_ascii=False)}]"
+
+
+def out_of_range_text() -> str:
+    """What a 400 for a number too large to hold says."""
+    digits = sys.get_int_max_str_digits() or 4300  # (0: no limit; msgspec's is Python's)
+    return (
+        f"a number out of range: an integer has at most {digits} digits, and a number with a fraction or an"
+        " exponent is at most about 1.8e308 either way; send it as a string"
+    )
+
+
+class _TooLarge:
+    """A number of the body that no int or float holds, as `json.loads` is given it."""
+
+
+def number_out_of_range(body: bytes, error: str) -> str | None:
+    """The JSON path of the number too large to hold that msgspec refused (its `error`, "Number
+    out of range" or "Integer value out of range", naming no member of a map: `$.a[...]`), or
+    None if `error` says something else. The first such number of `body`, in document order (the
+    one msgspec, reading in that order, stopped at); else, as far as msgspec named it (`$.a`)."""
+    said = _OUT_OF_RANGE.fullmatch(error)
+    if said is None:
+        return None
+    named = said.group(1) or "$"
+    known = named.partition("[...]")[0]
+    if known == named:
+        return named
+    found = _first_too_large(body)
+    return found if found is not None and found.startswith(known) else known
+
+
+def _first_too_large(body: bytes) -> str | None:
+    too_large = _TooLarge()
+
+    def integer(text: str) -> object:
+        try:
+            int(text)
+        except ValueError:  # over Python's digits, as msgspec's int is
+            return too_large
+        return None
+
+    def number(text: str) -> object:
+        return too_large if math.isinf(float(text)) else None
+
+    try:  # (values are not kept: only where the one too large is)
+        tree = json.loads(body, object_pairs_hook=_Members, parse_int=integer, parse_float=number)
+    except (ValueError, RecursionError):
+        return None
+    # Depth first, in document order; a path is made only for the value found (a body may hold a million).
+    stack: list[tuple[Any, tuple[Any, str | int] | None]] = [(tree, None)]
+    while stack:
+        value, steps = stack.pop()
+        if value is too_large:
+            names: list[str | int] = []
+            while steps is not None:
+                steps, step = steps
+                names.append(step)
+            path = "$"
+            for step in reversed(names):
+                path = f"{path}[{step}]" if isinstance(step, int) else member_path(path, step)
+            return path
+        if isinstance(value, _Members):
+            stack.extend((item, (steps, key)) for key, item in reversed(value))
+        elif isinstance(value, list):
+            stack.extend((item, (steps, index)) for index, item in reversed(list(enumerate(value))))
+    return None
 
 
 # --- finding a value by its path, however deep what lies around it --------------------------
