@@ -9,7 +9,10 @@ Classes follow KumoMTA's names so existing tooling reads them.
 A deferral (4xx) is classified by the same table: its `TransientFailure` record says why
 (`QuotaIssues` for a full mailbox, `PolicyRelated` for a provider's rate limit or block,
 `BadConnection` for a host that did not answer) as a bounce's does. Where an enhanced code
-means the same in class 4 as in class 5 (X.2.2, X.4.1, X.4.3 ...), its rule reads both.
+means the same in class 4 as in class 5 (X.2.2, X.4.3 ...), its rule reads both.
+
+Words a rule looks for inside other text (`spf`, `dkim`, `dmarc`) are matched as words
+(`\bspf\b`): an address or host name in a reply (`x@unspfoo.com`) is not what the server says.
 """
 
 from __future__ import annotations
@@ -31,8 +34,11 @@ _BUILT_IN: Final[list[tuple[str, str]]] = [
     # A provider slowing a sender down (Gmail's 4.7.28 "unusual rate of unsolicited mail ...
     # rate limited", Yahoo's 4.7.0 [TSS04], Microsoft's 4.7.500 "server busy"): its words
     # ("unsolicited", "spam") would read as content, but a deferral of class 4.7 is about the
-    # sender's rate or standing, not this message.
-    ("PolicyRelated", r"^4\d\d 4\.7\.\d+\b|^4\d\d .*\brate.limit"),
+    # sender's rate or standing, not this message. Greylisting (Postgrey's "450 4.2.0 ...
+    # Greylisted", others' 4.7.1 or none) is the receiver's policy for a sender it does not
+    # know yet, whatever enhanced code comes with it: PolicyRelated, as a 4.7.x deferral is
+    # (KumoMTA's TransientFailure class is not in this table: the record's type says "for now").
+    ("PolicyRelated", r"^4\d\d 4\.7\.\d+\b|^4\d\d .*\brate.limit|^4\d\d .*\bgr[ae]y.?list"),
     # Then enhanced status codes: they are the server saying what it means.
     ("InvalidRecipient", r"^5\d\d 5\.1\.(1|2|3|6|10)\b"),
     ("InvalidSender", r"^5\d\d 5\.1\.(7|8)\b"),
@@ -47,22 +53,44 @@ _BUILT_IN: Final[list[tuple[str, str]]] = [
     ("TooManyRecipients", r"^[45]\d\d [45]\.5\.3\b|too many recipients"),
     # (x.5.0 says only "a protocol status": it comes after the wordings, below.)
     ("ProtocolErrors", r"^[45]\d\d [45]\.5\.[1-9]\b"),
-    ("ContentRelated", r"^5\d\d 5\.6\.\d+\b|^5\d\d 5\.3\.4\b|message (is )?too (big|large)|size limit"),
-    ("AuthenticationFailed", r"^5\d\d 5\.7\.(8|25|26|27)\b|dmarc|dkim|spf"),
+    # Gmail's "552 5.7.0 ... its content presents a potential security issue" (and others' 5.7.1)
+    # is about this message's content, not the sender's standing that a 5.7.x says otherwise.
+    (
+        "ContentRelated",
+        r"^5\d\d 5\.6\.\d+\b|^5\d\d 5\.3\.4\b|message (is )?too (big|large)|size limit"
+        r"|potential security issue",
+    ),
+    # The enhanced codes come before the spam wordings (Gmail's 5.7.26 speaks of spam too); the
+    # words "spf", "dkim" and "dmarc" after them: a spam reply may name SPF's result in passing.
+    ("AuthenticationFailed", r"^5\d\d 5\.7\.(8|25|26|27)\b"),
     ("RelayDenied", r"^5\d\d 5\.7\.1\b.*relay|relay(ing)? (access )?denied|not permitted to relay"),
     ("SpamBlock", r"blocklist|blacklist|block ?list|spamhaus|\bRBL\b|listed at|poor reputation"),
     ("SpamContent", r"spam|junk|unsolicited"),
     ("VirusRelated", r"virus|malware|infected"),
+    ("AuthenticationFailed", r"\b(dmarc|dkim|spf)\b"),
     ("PolicyRelated", r"^5\d\d 5\.7\.\d+\b|policy|rejected for policy reasons"),
+    # A mailbox that exists but takes no mail ("550 Mailbox disabled for this recipient",
+    # Yahoo's "This mailbox is disabled", "This account has been disabled or discontinued"):
+    # before the unknown-user wordings, Yahoo's "dd" among them.
+    ("InactiveMailbox", r"\b(mailbox|account) (is |has been )?(disabled|deactivated|inactive)\b"),
     # The wordings, and RFC 5321's standard texts for 550, 551 and 553 (a bare 554 "Transaction
-    # failed" says nothing of why: Uncategorized).
+    # failed" says nothing of why: Uncategorized). Yahoo refuses an unknown user with "554
+    # delivery error: dd This user doesn't have a yahoo.com account" or "dd Requested mailbox is
+    # unavailable": its "dd" says the address takes no delivery.
     ("InvalidRecipient", r"user unknown|no such user|unknown (user|recipient)|does not exist|recipient rejected"),
+    ("InvalidRecipient", r"^5\d\d .*\bdelivery error: dd\b"),
     ("InvalidRecipient", r"^55[013] .*(mailbox (is )?unavailable|user not local|mailbox name not allowed)"),
     # Microsoft's mailboxes refuse an unknown user with "550 5.5.0 Requested action not taken:
     # mailbox unavailable": the wording says why, the 5.5.0 only that it is no success.
     ("ProtocolErrors", r"^[45]\d\d [45]\.5\.0\b"),
     ("BadConfiguration", r"^5\d\d 5\.3\.\d+\b"),
-    ("BadConnection", r"^[45]\d\d [45]\.4\.(1|2)\b"),
+    # X.4.1 and X.4.2 say no answer, or a bad connection: what Pigeon says itself (451 4.4.1
+    # "cannot connect", 451 4.4.2 "closed the connection"). A server that answers 5.4.1 did
+    # answer: that is Microsoft's Exchange Online refusing a recipient not in its directory
+    # ("550 5.4.1 Recipient address rejected: Access denied"; its "Relay Access Denied" is
+    # RelayDenied, above).
+    ("BadConnection", r"^4\d\d 4\.4\.(1|2)\b"),
+    ("InvalidRecipient", r"^5\d\d 5\.4\.1\b"),
 ]
 
 
