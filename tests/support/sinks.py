@@ -566,8 +566,10 @@ class AnswerSink(_SocketSink):
     DATA, a 354 to the end of data, a 421 to RCPT that is not followed by a close. `answers`
     maps a command ("EHLO", "MAIL", "RCPT", "DATA", "BDAT", "RSET", "QUIT") or "." (the end of
     DATA's content) to the reply line(s) to send instead of the usual ones, "" to close the
-    connection without a word; `delays` to the seconds to wait before answering. It offers 8BITMIME,
-    and PIPELINING and CHUNKING as `extensions` says. Content is read after a 354 to DATA (up
+    connection without a word; `delays` to the seconds to wait before answering. A whole command
+    line as received ("RCPT TO:<a@b.example>") is a key too, ahead of its command's: one
+    recipient answered apart from the others. It offers 8BITMIME, and PIPELINING and CHUNKING
+    as `extensions` says. Content is read after a 354 to DATA (up
     to "." on a line of its own, CRLF only, dot-stuffing left as it is), and a BDAT's octets
     after BDAT, whatever the reply. With "STARTTLS" in `extensions`, STARTTLS is answered 220
     and the client's TLS hello with plaintext, then the connection closes: a handshake that
@@ -627,9 +629,9 @@ class AnswerSink(_SocketSink):
             found, _, buffer = buffer.partition(until)
             return found
 
-        def say(key: str) -> str:
-            answer = self.answers.get(key, usual.get(key, "500 5.5.2 what?"))
-            time.sleep(self.delays.get(key, 0.0))
+        def say(key: str, line: str = "") -> str:
+            answer = self.answers.get(line, self.answers.get(key, usual.get(key, "500 5.5.2 what?")))
+            time.sleep(self.delays.get(line, self.delays.get(key, 0.0)))
             with contextlib.suppress(OSError):
                 if not answer:
                     connection.shutdown(socket.SHUT_RDWR)  # gone without a word (counted as a drop)
@@ -665,7 +667,7 @@ class AnswerSink(_SocketSink):
                         self.contents.append(content)
                     say("BDAT")
                     continue
-                answer = say(verb)
+                answer = say(verb, text)
                 if verb == "STARTTLS" and answer.startswith("220"):
                     with contextlib.suppress(OSError):
                         connection.recv(65536)  # the client's hello

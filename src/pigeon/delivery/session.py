@@ -44,6 +44,7 @@ import struct
 import sys
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, cast
@@ -165,11 +166,33 @@ class _HandshakeFailed(ConnectFailed):
 
 class ConnectionLost(Exception):
     """The connection broke during a transaction (timeout, reset, garbage), or was closed
-    before it. (A 421 is no break: the transaction ends with it, as its recipients' reply.)"""
+    before it. (A 421 is no break: the transaction ends with it, as its recipients' reply.)
 
-    def __init__(self, reply: Reply) -> None:
+    `reply` is why (Pigeon's words), the reply of every recipient the server had given no
+    answer of its own. `settled`, when the break cut a transaction, is each recipient's own
+    outcome so far, None where it has none (`ClientSession.settled`): a recipient refused at
+    RCPT keeps that refusal, and a 5xx is bounced, not deferred with the others until it
+    expires. Empty: none has (the connection broke before, or the server broke the protocol)."""
+
+    def __init__(self, reply: Reply, settled: Sequence[Reply | None] = ()) -> None:
         super().__init__(str(reply))
         self.reply = reply
+        self.settled = tuple(settled)
+
+    def replies(self, count: int) -> list[Reply]:
+        """The reply of each of the transaction's `count` recipients: its own where the server
+        gave it one, else `reply`."""
+        settled = self.settled
+        if len(settled) != count:
+            return [self.reply] * count
+        return [self.reply if own is None else own for own in settled]
+
+    def unanswered(self, count: int) -> frozenset[int]:
+        """The recipients (by index) whose reply is `reply`, Pigeon's words, not the server's."""
+        settled = self.settled
+        if len(settled) != count:
+            return frozenset(range(count))
+        return frozenset(index for index, own in enumerate(settled) if own is None)
 
 
 NO_CHUNKING_FOR: Final = 3600.0
@@ -989,8 +1012,9 @@ class ClientConnection:
     async def send(self, envelope: Envelope) -> tuple[Result, float]:
         """Run one transaction. Returns its result and how long it took (seconds).
 
-        Raises ConnectionLost if the connection broke; the caller then treats every
-        recipient as a transient failure with that reply.
+        Raises ConnectionLost if the connection broke: the recipients the server had answered
+        with a refusal keep it (`ConnectionLost.settled`), the others are a transient failure
+        with its reply, which says so when the message may have been taken.
         """
         started = time.monotonic()
         if not self._session.is_ready():
@@ -1000,10 +1024,11 @@ class ClientConnection:
         try:
             event = await self._event(ending_patience=self.options.data_done_timeout)
         except ConnectionLost as error:
-            raise ConnectionLost(self._unanswered_end(error.reply)) from None
+            raise ConnectionLost(self._unanswered_end(error.reply), self._session.settled()) from None
         if not isinstance(event, TransactionDone):
             self.broken = True
-            raise ConnectionLost(self._unanswered_end(self._lost(self._wire.error or _CLOSED)))
+            reason = self._unanswered_end(self._lost(self._wire.error or _CLOSED))
+            raise ConnectionLost(reason, self._session.settled())
         result = event.result
         if result.bdat_not_understood is not None:
             result = await self._again_with_data(envelope, result)
@@ -1046,8 +1071,8 @@ class ClientConnection:
             more, _ = await self.send(rest)
         except ConnectionLost as lost:
             self._carried = None
-            for index in again:
-                replies[index] = lost.reply
+            for index, reply in zip(again, lost.replies(len(again)), strict=True):
+                replies[index] = reply
             return Result(replies, result.mail_reply, result.data_reply)
         self._carried = None  # (left set if a stop cancels the send: `answered_before_cut` reads it)
         for index, reply in zip(again, more.replies, strict=True):
@@ -1078,6 +1103,11 @@ class ClientConnection:
         if not self._end_may_have_arrived():
             return None
         return _with_note(Reply(451, "4.4.2", (f"{self.peer} did not answer before the node stopped",)))
+
+    def settled(self) -> list[Reply | None]:
+        """Of the transaction under way (a stop cancelled `send`), each recipient's own outcome
+        so far, None where it has none (`ClientSession.settled`): a refusal stands, cut or not."""
+        return self._session.settled()
 
     def answered_before_cut(self) -> list[Reply] | None:
         """A stop cancelled `send`: the replies of its transaction if they had all come (read

@@ -11,7 +11,8 @@ own as `dsn.seven_bit` writes it), and is refused only when it has none (UTF-8 i
 field) or `[delivery] eight_bit_conversion` is off (a report of Pigeon's own goes 7-bit all the
 same: no one would hear of its refusal). The conversion is only looked at for such a hop.
 A connection that breaks mid-transaction is a transient failure for every recipient of that
-message, and the agent is no longer usable.
+message the server had not answered (or had accepted): one it refused keeps its refusal, a
+5xx bounced at once (`session.ConnectionLost.settled`). The agent is no longer usable.
 
 A recipient the host answers 4xx (greylisting, a busy or broken server, a DATA deferred) is
 tried at once at the site's next host (`[delivery] try_next_mx`), within the same attempt, as
@@ -145,10 +146,21 @@ class SmtpAgent:
                 replies, duration = await _send_all(connection, envelope, done)
             except ConnectionLost as error:
                 # The message may have been taken: not sent again now, at another host. The
-                # reply is Pigeon's words (a timeout, a closed connection), not the server's.
-                attempt = Attempt.same_for_all(error.reply, count, "", site, connection.peer)
-                own = frozenset(range(count))
-                attempts.append(attempt._replace(tls=connection.tls, own=own, auth_user=connection.auth_user))
+                # reply is Pigeon's words (a timeout, a closed connection), not the server's,
+                # but for the recipients the server had refused before the break: theirs stands
+                # (a 5xx is bounced now, not deferred until the message expires).
+                lost = error.replies(count)
+                attempt = Attempt(
+                    lost,
+                    self._classifier.classify_all(lost),
+                    site,
+                    connection.peer,
+                    connection.tls,
+                    passed_on="DSN" in connection.capabilities,
+                    own=error.unanswered(count),
+                    auth_user=connection.auth_user,
+                )
+                attempts.append(attempt)
                 continue
             except asyncio.CancelledError:
                 # A stop, with the transaction on the wire (the dispatcher then reports `final`).
@@ -214,8 +226,9 @@ class SmtpAgent:
         end of its content went out, the server may have the message, and the reply says so
         (with a WARNING naming it); if the server's answer had come already (read, not yet
         taken), it stands. Transactions before the cut one (the server's recipient limit:
-        `done` holds what they answered) stand too: only what the cut one carried is cut.
-        None: nothing to report (nothing went, or nothing that can have been taken)."""
+        `done` holds what they answered) stand too: only what the cut one carried is cut, and of
+        it not a recipient the server had refused (its refusal stands). None: nothing to report
+        (nothing went, or nothing that can have been taken)."""
         answered = connection.answered_before_cut()
         cut = connection.cut_short()
         count = len(envelope.recipients)
@@ -223,8 +236,16 @@ class SmtpAgent:
         if answered is not None:
             got = answered
         elif cut is not None:
-            self._warn_cut(item, [envelope.recipients[i] for i in carried], connection)
-            got = [cut] * len(carried)
+            # Those the server refused before the cut keep their refusal: they cannot have the message.
+            settled = connection.settled()
+            got = (
+                [cut if own is None else own for own in settled]
+                if len(settled) == len(carried)
+                else [cut] * len(carried)
+            )
+            doubtful = [envelope.recipients[i] for i, reply in zip(carried, got, strict=True) if reply is cut]
+            if doubtful:
+                self._warn_cut(item, doubtful, connection)
         elif done:
             return list(done)  # the cut transaction's content never went: they keep their 452
         else:
@@ -250,8 +271,9 @@ class SmtpAgent:
         try:
             more, took = await _send_all(other, rest, done)
         except ConnectionLost as error:  # what happened last, and where, is what the records say
-            merged = self._merged(attempt, pending, [error.reply] * len(pending), 0.0, other)
-            return merged._replace(own=merged.own | frozenset(pending))  # (Pigeon's words, not the server's)
+            merged = self._merged(attempt, pending, error.replies(len(pending)), 0.0, other)
+            unanswered = frozenset(pending[index] for index in error.unanswered(len(pending)))
+            return merged._replace(own=merged.own | unanswered)  # (Pigeon's words, not the server's)
         except asyncio.CancelledError:
             # A stop: `final` holds what the first host answered. What this host answered
             # before the cut stands (its recipient limit: a transaction it took is not sent
@@ -417,8 +439,8 @@ async def _send_all(
         try:
             more, took = await connection.send(rest)
         except ConnectionLost as error:
-            for index in pending:
-                replies[index] = error.reply
+            for index, reply in zip(pending, error.replies(len(pending)), strict=True):
+                replies[index] = reply
             break
         duration += took
         for index, reply in zip(pending, more.replies, strict=True):

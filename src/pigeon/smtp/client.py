@@ -551,6 +551,18 @@ class Transaction:
             bdat_not_understood=self._bdat_not_understood,
         )
 
+    def settled(self) -> list[Reply | None]:
+        """Each recipient's own outcome so far, for a transaction the connection's end cut
+        short (a close, a timeout): the refusal of MAIL, or of its RCPT, when the server gave
+        one; None where it has none yet, an accepted recipient included (the server may or may
+        not have taken the message: the end of data was never answered). A refusal is final
+        whatever follows: the server answered that recipient, and a 5xx is a bounce now, not a
+        deferral until the message expires (as Postfix has it, and as after a 421, `result`)."""
+        mail = self._mail_reply
+        if mail is not None and not mail.is_success:
+            return [mail] * len(self._rcpt_replies)
+        return [reply if reply is not None and not reply.is_success else None for reply in self._rcpt_replies]
+
     # --- helpers -------------------------------------------------------------------------
     def _mail_ok(self) -> bool:
         return self._mail_reply is not None and self._mail_reply.is_success

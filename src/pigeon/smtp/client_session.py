@@ -403,6 +403,7 @@ class ClientSession:
         self._exchange: Exchange | None = None
         self._final: Unusable | Closed | None = None
         self._closed_at_end_of_data = False  # it closed with the end of data in doubt (`end_of_data_unanswered`)
+        self._cut: Transaction | None = None  # the transaction under way when the server closed (`settled`)
 
     # --- the three verbs ---------------------------------------------------------------------
     def receive_data(self, data: bytes) -> None:
@@ -506,6 +507,15 @@ class ClientSession:
     def _end_in_doubt(self) -> bool:
         transaction = self._transaction
         return transaction is not None and transaction.end_in_doubt
+
+    def settled(self) -> list[Reply | None]:
+        """Of the transaction under way (the I/O layer gave up waiting: a timeout, a reset), or
+        the one the server's close cut short, each recipient's own outcome so far, None where
+        it has none (`Transaction.settled`): a recipient the server refused keeps its refusal
+        when the connection breaks later. [] when no transaction was cut, or the server broke
+        the protocol in it: then nothing it said counts (`Transaction.on_reply`)."""
+        transaction = self._transaction if self._transaction is not None else self._cut
+        return transaction.settled() if transaction is not None else []
 
     # --- replies -------------------------------------------------------------------------------
     def _read(self) -> None:
@@ -705,6 +715,7 @@ class ClientSession:
             # it and closes without waiting for the reply.
             self._out.append(b"QUIT\r\n")
         self._closed_at_end_of_data = self._end_in_doubt()
+        self._cut = self._transaction  # (None but when the server closed mid-transaction: `settled`)
         self.phase = Phase.CLOSED
         self._final = final
         self._events.append(final)

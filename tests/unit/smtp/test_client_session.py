@@ -503,6 +503,36 @@ def test_a_close_within_a_transaction_without_a_421_says_nothing_more() -> None:
 
 
 @pytest.mark.parametrize("pipelining", [True, False])
+def test_a_refusal_before_the_server_closed_mid_transaction_stays_that_recipients_outcome(pipelining: bool) -> None:
+    """Found from outside: a recipient refused 550 at RCPT was deferred with the others when the
+    connection then closed, until it expired. Its refusal is its outcome; the accepted and the
+    unanswered have none (the I/O layer gives them the break's reply)."""
+    ehlo = EHLO_PLAIN if pipelining else b"250 mx.test\r\n"
+    script = greeted(ehlo=ehlo, chunking=False)
+    script.send(Deliver(envelope("taken@example.net", "unknown@example.net", "cut@example.net")))
+    assert script.session.settled() == [None, None, None]  # (under way: nothing said yet)
+    script.server(b"250 ok\r\n250 ok\r\n550-5.1.1 no such user\r\n550 5.1.1 here\r\n")
+    assert script.server(b"") == [Closed(None)]
+    assert script.session.settled() == [None, Reply(550, "5.1.1", ("no such user", "here")), None]
+
+
+def test_a_refused_mail_is_every_recipients_outcome_when_the_server_closes_after_it() -> None:
+    script = greeted()
+    script.send(Deliver(envelope("b@example.net", "c@example.net")))
+    script.server(b"550 5.7.1 sender refused\r\n")
+    script.server(b"")
+    assert script.session.settled() == [Reply(550, "5.7.1", ("sender refused",))] * 2
+
+
+def test_nothing_a_server_said_in_a_transaction_counts_once_it_broke_the_protocol() -> None:
+    script = greeted()
+    script.send(Deliver(envelope("b@example.net", "c@example.net")))
+    with pytest.raises(ClientProtocolError):
+        script.server(b"250 ok\r\n550 5.1.1 unknown\r\n354 what?\r\n")
+    assert script.session.settled() == []
+
+
+@pytest.mark.parametrize("pipelining", [True, False])
 def test_a_421_anywhere_in_a_transaction_ends_the_session_even_if_the_server_goes_on(pipelining: bool) -> None:
     """RFC 5321 3.8: a 421 is the server closing the connection. Found from outside: a peer that
     answered one RCPT 421 and went on got RSET, MAIL ... on the same connection."""
