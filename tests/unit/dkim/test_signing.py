@@ -264,11 +264,16 @@ async def test_a_stuck_signing_process_fails_its_messages_in_time_and_a_new_one_
 
 
 async def test_a_busy_machine_starting_the_signing_process_slowly_fails_nothing(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    # A signature's deadline is tiny here, and starting an interpreter always takes longer:
-    # the start is timed on its own, so the first messages wait for it and are signed.
-    monkeypatch.setattr(key_process, "ANSWER_TIMEOUT", 0.01)
+    # The interpreter takes 1.5 s to start here, three times a signature's deadline: the start
+    # is timed on its own, so the first messages wait for it and are signed. (A deadline left
+    # ample for the signatures themselves: at 0.01 s, a loaded machine once missed it.)
+    slow = tmp_path / "slow-python"
+    slow.write_text(f'#!/bin/sh\nsleep 1.5\nexec {sys.executable} "$@"\n')
+    slow.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(slow))
+    monkeypatch.setattr(key_process, "ANSWER_TIMEOUT", 0.5)
     process = _process("ed25519-sha256")
     await process.start()
     loop = asyncio.get_running_loop()
