@@ -75,7 +75,18 @@ and Message-ID, the DKIM signatures on top).
 
 
 def register(commands: Any) -> None:
-    bounce = _parser(commands, "bounce", "bounce queued mail (and, with --duration, new mail)", BOUNCE_EXAMPLES)
+    bounce = _parser(
+        commands,
+        "bounce",
+        "bounce queued mail, no DSN to its sender (and, with --duration, new mail)",
+        BOUNCE_EXAMPLES,
+        # "Bounce" says "the sender is told" to someone used to other MTAs: this is postsuper -d.
+        # (The formatter keeps the description's lines as they are: broken here.)
+        "Bounce queued mail (and, with --duration, new mail) without telling its sender: each\n"
+        "recipient is written off with an AdminBounce record (with --reason), and the sender gets\n"
+        "no DSN, as with Postfix's postsuper -d. A message being sent ends as that attempt leaves\n"
+        "it: what it does not deliver is written off when it ends.",
+    )
     _selector_options(bounce, by_id="bounced now; no --duration: an id bounce makes no standing rule")
     bounce.add_argument("--reason", default="", help="written into each AdminBounce record")
     bounce.add_argument(
@@ -133,11 +144,15 @@ def register(commands: Any) -> None:
     inspect.set_defaults(run=_inspect)
 
 
-def _parser(commands: Any, name: str, summary: str, examples: str) -> argparse.ArgumentParser:
+def _parser(
+    commands: Any, name: str, summary: str, examples: str, description: str | None = None
+) -> argparse.ArgumentParser:
+    """A command's parser: `summary` in the command list, and its help's description unless
+    `description` says more."""
     parser: argparse.ArgumentParser = commands.add_parser(
         name,
         help=summary,
-        description=summary[0].upper() + summary[1:] + ".",
+        description=description or summary[0].upper() + summary[1:] + ".",
         epilog=examples,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
