@@ -689,10 +689,17 @@ def _operations(args: argparse.Namespace) -> int:
 
 
 def _age(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f}{unit}"
-    return f"{seconds:.0f}s"
+    """An age or a wait as `queue list` and `queue summary` show it: whole seconds below a
+    minute, then minutes, hours and days to one decimal. The unit is chosen by the value as
+    shown, not as it is: 59.6 s is "1.0m" as 60.3 s is, never "60s" beside it (nor "60.0m",
+    "24.0h"), so an older message never looks younger."""
+    if (whole := round(seconds)) < 60:
+        return f"{whole}s"  # (an int: "0s", not "-0s", for a clock a hair behind)
+    for unit, size, limit in (("m", 60, 60), ("h", 3600, 24)):
+        shown = f"{seconds / size:.1f}"
+        if float(shown) < limit:
+            return f"{shown}{unit}"
+    return f"{seconds / 86400:.1f}d"
 
 
 class _Counted(string.Formatter):
