@@ -75,7 +75,18 @@ and Message-ID, the DKIM signatures on top).
 
 
 def register(commands: Any) -> None:
-    bounce = _parser(commands, "bounce", "bounce queued mail (and, with --duration, new mail)", BOUNCE_EXAMPLES)
+    bounce = _parser(
+        commands,
+        "bounce",
+        "bounce queued mail, no DSN to its sender (and, with --duration, new mail)",
+        BOUNCE_EXAMPLES,
+        # "Bounce" says "the sender is told" to someone used to other MTAs: this is postsuper -d.
+        # (The formatter keeps the description's lines as they are: broken here.)
+        "Bounce queued mail (and, with --duration, new mail) without telling its sender: each\n"
+        "recipient is written off with an AdminBounce record (with --reason), and the sender gets\n"
+        "no DSN, as with Postfix's postsuper -d. A message being sent ends as that attempt leaves\n"
+        "it: what it does not deliver is written off when it ends.",
+    )
     _selector_options(bounce, by_id="bounced now; no --duration: an id bounce makes no standing rule")
     bounce.add_argument("--reason", default="", help="written into each AdminBounce record")
     bounce.add_argument(
@@ -133,11 +144,15 @@ def register(commands: Any) -> None:
     inspect.set_defaults(run=_inspect)
 
 
-def _parser(commands: Any, name: str, summary: str, examples: str) -> argparse.ArgumentParser:
+def _parser(
+    commands: Any, name: str, summary: str, examples: str, description: str | None = None
+) -> argparse.ArgumentParser:
+    """A command's parser: `summary` in the command list, and its help's description unless
+    `description` says more."""
     parser: argparse.ArgumentParser = commands.add_parser(
         name,
         help=summary,
-        description=summary[0].upper() + summary[1:] + ".",
+        description=description or summary[0].upper() + summary[1:] + ".",
         epilog=examples,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -674,10 +689,17 @@ def _operations(args: argparse.Namespace) -> int:
 
 
 def _age(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f}{unit}"
-    return f"{seconds:.0f}s"
+    """An age or a wait as `queue list` and `queue summary` show it: whole seconds below a
+    minute, then minutes, hours and days to one decimal. The unit is chosen by the value as
+    shown, not as it is: 59.6 s is "1.0m" as 60.3 s is, never "60s" beside it (nor "60.0m",
+    "24.0h"), so an older message never looks younger."""
+    if (whole := round(seconds)) < 60:
+        return f"{whole}s"  # (an int: "0s", not "-0s", for a clock a hair behind)
+    for unit, size, limit in (("m", 60, 60), ("h", 3600, 24)):
+        shown = f"{seconds / size:.1f}"
+        if float(shown) < limit:
+            return f"{shown}{unit}"
+    return f"{seconds / 86400:.1f}d"
 
 
 class _Counted(string.Formatter):

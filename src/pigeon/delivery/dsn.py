@@ -51,6 +51,7 @@ from typing import Final, Protocol
 from pigeon.logs.peer_text import shown
 from pigeon.message import Envelope, Message, Recipient, format_id
 from pigeon.mime import address_header, message_id_field
+from pigeon.smtp.client import rcpt_reply_as_sent
 from pigeon.smtp.extensions import encode_utf8_addr_xtext
 from pigeon.smtp.replies import Reply
 from pigeon.spool.shards import Spools
@@ -186,8 +187,11 @@ def build_report(
         fields.append(f"Status: {_status(failure.reply)}")
         if failure.remote_mta:
             fields.append(f"Remote-MTA: dns; {_mta_name(failure.remote_mta)}")
-        # RFC 3464 2.3.6: the server's reply as it gave it, its enhanced code too ("550 5.1.1 ...").
+        # RFC 3464 2.3.6: the server's reply as it gave it, its enhanced code too ("550 5.1.1 ...");
+        # a 552 to RCPT that Pigeon read as 452 is quoted as the 552 (the text says what was read).
         diagnostic = str(failure.reply) if failure.diagnostic is None else failure.diagnostic
+        if failure.diagnostic_type == "smtp":
+            diagnostic = rcpt_reply_as_sent(diagnostic)
         fields.append(f"Diagnostic-Code: {failure.diagnostic_type}; {_field(diagnostic)}")
         if failure.attempted is not None:
             fields.append(f"Last-Attempt-Date: {_date(failure.attempted)}")

@@ -339,18 +339,39 @@ def refusal_before_sending(envelope: Envelope, peer: Capabilities) -> Reply | No
     return None
 
 
+# What `rcpt_reply_read` adds to a 552's text (the README quotes it: the log's text ends so).
+_READ_AS_452: Final = " (552 to RCPT read as 452, RFC 5321 4.5.3.1.10)"
+
+
 def rcpt_reply_read(reply: Reply) -> Reply:
     """A RCPT reply as the client acts on it. RFC 821 gave 552 for "too many recipients",
     and servers still send it; RFC 5321 4.5.3.1.10 says a client SHOULD read a 552 to RCPT
     as 452, so the recipient goes in a later transaction rather than to a bounce (Postfix
     does the same). A 552 5.2.2 (mailbox full) is read as 452 4.2.2: a full mailbox may
     empty, and the retry schedule's expiry still ends it. The server's text stays, and says
-    what was read, so a log reader sees the 552."""
+    what was read, so a log reader sees the 552 (`rcpt_reply_as_sent` gives it back)."""
     if reply.code != 552:
         return reply
     enhanced = None if reply.enhanced is None else "4" + reply.enhanced[1:]
-    note = "(552 to RCPT read as 452, RFC 5321 4.5.3.1.10)"
-    return Reply(452, enhanced, (*reply.lines[:-1], f"{reply.lines[-1]} {note}"))
+    return Reply(452, enhanced, (*reply.lines[:-1], f"{reply.lines[-1]}{_READ_AS_452}"))
+
+
+def rcpt_reply_as_sent(said: str) -> str:
+    """A reply in its one-line form (`str(reply)`, as a recipient's last reply is kept in the
+    spool) as the server sent it: one `rcpt_reply_read` read as 452 is the server's 552 again,
+    its enhanced class 5 and the note gone; any other is as it is. For what quotes the server to
+    a program, a DSN's Diagnostic-Code (RFC 3464 2.3.6), which a parser reads the remote status
+    from: a 452 there is a reply the server never gave (Postfix quotes the 552). What Pigeon
+    made of it is said where a person reads it: the log record and the DSN's text keep the note."""
+    if not (said.startswith("452 ") and said.endswith(_READ_AS_452)):
+        return said
+    rest = said[4 : -len(_READ_AS_452)]
+    first, space, text = rest.partition(" ")
+    if first.startswith("4.") and _ENHANCED.fullmatch(first):
+        # The reader takes only a code of the reply's class: a 552's was 5.x.y. (A 552 with
+        # none, whose text starts "4.x.y", is the one form this cannot tell: quoted "552 5.x.y".)
+        rest = f"5{first[1:]}{space}{text}"
+    return f"552 {rest}"
 
 
 BDAT_NOT_UNDERSTOOD: Final = frozenset({500, 502, 504})

@@ -182,7 +182,8 @@ class RuleRequest(Selecting):
 
 
 class BounceRequest(RuleRequest):
-    """Which messages to bounce, why, and whether new mail too (a duration)."""
+    """Which messages to bounce, why, and whether new mail too (a duration). Each recipient is
+    written off with an `AdminBounce` record, and the sender gets no DSN (`postsuper -d`)."""
 
     messages: list[str] | None = None
     """`MESSAGES_TEXT`: bounced now, never with a duration (which would make a standing rule)."""

@@ -956,6 +956,10 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
                 "Bounce matching queued mail, or messages by id; with a duration new mail too",
                 "admin",
                 bounced,
+                # "Bounce" says "the sender is told" to someone used to other MTAs: this is postsuper -d.
+                description="Each recipient is written off with an AdminBounce record (with the reason), and "
+                "the sender gets no DSN, as with Postfix's postsuper -d. A message being sent ends as that attempt "
+                "leaves it: what it does not deliver is written off when it ends.",
                 **posted_bounce,
             ),
             "get": operation("listBounces", "Standing bounces", "read", rules, "The standing bounces"),
