@@ -413,7 +413,12 @@ def test_with_a_limit_of_one_two_workers_backlogs_take_turns(tmp_path: Path) -> 
               for shard in set(shards)}  # fmt: skip
     assert max(waited.values()) < TURN + 4, f"a worker's mail waited for the other's turn to end: {waited}"
     runs = 1 + sum(1 for before, after in itertools.pairwise(shards) if before != after)
-    assert runs >= 3, f"each worker's mail went in one run ({runs} runs): no turns were taken"
+    # Turns are taken when the worker that went first had more than a turn's worth of mail (0.1 s
+    # a message). The kernel spreads the 36 connections between the workers as it will: one
+    # given few of them (a CI run: all its mail within one turn) needs no second turn.
+    first_share = shards.count(shards[0]) * 0.1
+    if first_share > TURN + 2:
+        assert runs >= 3, f"each worker's mail went in one run ({runs} runs, {first_share:.0f}s of mail first)"
 
 
 @pytest.mark.slow  # (about 110 s; tests/integration/test_throttles_redis.py has the line's rules)
