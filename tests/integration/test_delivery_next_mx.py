@@ -19,7 +19,7 @@ import pytest
 
 from tests.support.dns import DnsServer, Zone
 from tests.support.process import PigeonProcess, free_port
-from tests.support.sinks import ScriptedSink, SinkConnection, peak_connections, wait_until
+from tests.support.sinks import AnswerSink, ScriptedSink, SinkConnection, peak_connections, wait_until
 
 GREYLISTED = "451 4.7.1 greylisted, try again later"
 
@@ -161,6 +161,21 @@ def test_a_next_mx_that_takes_no_connection_leaves_the_4xx_and_the_site_up(tmp_p
         (delivery,) = site.pigeon.wait_records("Delivery")
         assert delivery["peer"] == site.peer(1)
         assert len(site.pigeon.records("TransientFailure")) == 1  # nothing deferred "not tried: ... is down"
+
+
+def test_recipients_the_next_mx_took_after_a_failed_handshake_say_so_and_the_others_do_not(tmp_path: Path) -> None:
+    """Each record names the TLS its own host's connection had: mx2's, opened in the clear
+    after its STARTTLS handshake failed, has `tls_failed`; mx1's, which offers no STARTTLS, not."""
+    with (
+        _site(tmp_path, down=(2,), tls="opportunistic") as site,
+        AnswerSink(extensions=("STARTTLS",), host="127.0.0.3", port=site.port),
+    ):
+        _send(site.pigeon, "ok@example.net", "grey@example.net")
+        records = _by_recipient(site.pigeon.wait_records("Delivery", 2))
+    assert records["ok@example.net"]["peer"] == site.peer(1) and "tls_failed" not in records["ok@example.net"]
+    grey = records["grey@example.net"]
+    assert grey["peer"] == site.peer(2) and grey.get("tls") is None
+    assert str(grey.get("tls_failed", "")).startswith(f"TLS handshake with {site.peer(2)} failed: "), grey
 
 
 def test_on_the_last_mx_a_4xx_goes_back_to_no_host_before_it(tmp_path: Path) -> None:

@@ -145,6 +145,32 @@ async def test_a_failed_handshake_tried_again_in_the_clear_says_so_in_a_warning(
 
 
 @on_both_loops
+async def test_a_connection_opened_on_the_fallback_names_the_handshake_that_failed(tmp_path: Path) -> None:
+    """What its mail's records say (`tls_failed`): a server that offers no STARTTLS is in the
+    clear too, and only this tells the two apart."""
+    failed = "TLS handshake with [127.0.0.1]:{} failed: "
+    async with tls_server(tmp_path, starttls="garbage") as server:
+        connection = await ClientConnection.open(server.destination(TlsPolicy.OPPORTUNISTIC), no_dns(), OPTIONS)
+        assert connection.tls is None
+        assert connection.tls_failed is not None and connection.tls_failed.startswith(failed.format(server.port))
+        await connection.quit()
+    async with tls_server(tmp_path) as server:
+        destination = server.destination(TlsPolicy.OPPORTUNISTIC, verify=True)
+        connection = await ClientConnection.open(destination, no_dns(), OPTIONS)
+        assert connection.tls is not None and connection.tls.endswith(", certificate not verified")
+        assert connection.tls_failed is not None and connection.tls_failed.startswith(failed.format(server.port))
+        assert "certificate verify failed" in connection.tls_failed
+        await connection.quit()
+        connection = await ClientConnection.open(server.destination(TlsPolicy.OPPORTUNISTIC), no_dns(), OPTIONS)
+        assert connection.tls is not None and connection.tls_failed is None  # (not asked to verify: no fallback)
+        await connection.quit()
+    async with plain_server() as server:
+        connection = await ClientConnection.open(server.destination(TlsPolicy.OPPORTUNISTIC), no_dns(), OPTIONS)
+        assert connection.tls is None and connection.tls_failed is None
+        await connection.quit()
+
+
+@on_both_loops
 async def test_a_421_to_the_ehlo_on_tls_fails_naming_the_host_and_its_tls(tmp_path: Path) -> None:
     """The records of a failure before the transaction name the host, and its TLS when it was
     on TLS, as a delivery's would (found from outside: they had no `peer`)."""

@@ -40,7 +40,9 @@ class Unreachable(Exception):
     a certificate that does not verify), and its TLS if it was on TLS by then; `server`: `reply`
     is that host's own (its 421), not Pigeon's words about it. `authentication`: a route's
     smart host refused its credentials (or cannot take them): its mail is held as a down
-    site's, under the route's user (`pigeon.delivery.sites`). `reply_for`,
+    site's, under the route's user (`pigeon.delivery.sites`). `tls_failed`: `peer` was tried
+    again in the clear (or on TLS unverified) after a STARTTLS handshake that failed, which
+    this says (`Attempt.tls_failed`). `reply_for`,
     if given, is the reply as said of a message's domain (mail that loops back to this node:
     the site names its hosts, the domain is what a reader looks for)."""
 
@@ -55,6 +57,7 @@ class Unreachable(Exception):
         reply_for: Callable[[str], Reply] | None = None,
         server: bool = False,
         authentication: bool = False,
+        tls_failed: str | None = None,
     ) -> None:
         super().__init__(str(reply))
         self.authentication = authentication
@@ -63,6 +66,7 @@ class Unreachable(Exception):
         self.site_down = site_down
         self.peer = peer
         self.tls = tls
+        self.tls_failed = tls_failed
         self.reply_for = reply_for
         self.server = server
 

@@ -846,7 +846,7 @@ class Dispatcher:
             if error.reply_for is not None:
                 reply = error.reply_for(message.envelope.routing_domain or _domain(message))
             attempt = Attempt.same_for_all(reply, count, error.classification, queue.site, error.peer)
-            attempt = attempt._replace(tls=error.tls)
+            attempt = attempt._replace(tls=error.tls, tls_failed=error.tls_failed)
             if error.peer is not None and not error.server:
                 # Pigeon's words about a host that would not do (TLS, a broken greeting): no
                 # server's reply, whatever host is named with it.

@@ -112,7 +112,10 @@ class ConnectFailed(Exception):
     meanwhile. `final`: the failure is the route's, not the address's (its AUTH, the TLS it must
     have to authenticate), so no other address is tried: it is the attempt's reply.
     `tls_failure`: the host failed an MTA-STS policy's or DANE's TLS, as a TLS report (RFC 8460
-    4.3) says it (its result type, and what the handshake said); `local` our address then."""
+    4.3) says it (its result type, and what the handshake said); `local` our address then.
+    `tls_failed`: this failure is that of opportunistic TLS's fallback (the clear, or TLS
+    unverified) after a STARTTLS handshake that failed, and this is what that failure said
+    (as `ClientConnection.tls_failed`)."""
 
     def __init__(
         self,
@@ -128,6 +131,7 @@ class ConnectFailed(Exception):
         final: bool = False,
         tls_failure: tuple[str, str] | None = None,
         local: str = "",
+        tls_failed: str | None = None,
     ) -> None:
         super().__init__(str(reply))
         self.reply = reply
@@ -141,6 +145,7 @@ class ConnectFailed(Exception):
         self.final = final
         self.tls_failure = tls_failure
         self.local = local
+        self.tls_failed = tls_failed
 
 
 class LoopsBack(ConnectFailed):
@@ -507,6 +512,11 @@ class ClientConnection:
         self.host = host  # the hop's host (a name, or an address)
         self.address = address  # the address connected to
         self.tls: str | None = None  # the TLS version, cipher and verification, once on TLS
+        # Opened as opportunistic TLS's fallback (the clear, or TLS unverified) after a STARTTLS
+        # handshake with this address failed: what that failure said, which the attempt's records
+        # carry (`Attempt.tls_failed`): in the clear, `tls` None alone would read as a server that
+        # offers no STARTTLS, and a downgrade on the path would leave no trace but a WARNING.
+        self.tls_failed: str | None = None
         self.options = options
         self.broken = False
         self.opened_with: tuple[Hop, Destination, TlsPolicy, HostPolicy | None] | None = None  # (`_again_with_data`)
@@ -714,6 +724,7 @@ class ClientConnection:
                 # that authenticates takes neither (its session never says the clear may do):
                 # the password goes only on the TLS the route asked for, verified if it asked.
                 sessions += 1
+                failed_handshake = last.reply.text  # (what the records of a fallback's mail say: `tls_failed`)
                 fallbacks = (
                     [(dataclasses.replace(destination, tls_verify=False), policy)] if destination.tls_verify else []
                 )
@@ -739,9 +750,15 @@ class ClientConnection:
                         how,
                     )
                     try:
-                        return await cls._open_one(hop, address, fallback, options, tls, dane)
+                        connection = await cls._open_one(hop, address, fallback, options, tls, dane)
                     except ConnectFailed as again:
+                        again.tls_failed = failed_handshake  # (a failure of the fallback is said as one)
+                        if isinstance(again, _HandshakeFailed):
+                            failed_handshake = again.reply.text  # (the unverified TLS failed too: why the clear)
                         last = again.with_traceback(None)
+                        continue
+                    connection.tls_failed = failed_handshake
+                    return connection
             if cut:
                 break
         hosts = {hop.host for hop in hops}
@@ -766,6 +783,7 @@ class ClientConnection:
                 peer=last.peer,
                 tls=last.tls,
                 server=last.server,
+                tls_failed=last.tls_failed,
             )
         if cut:
             # Hosts were left untried: no verdict on the site's mail, whatever the last said.
@@ -779,6 +797,7 @@ class ClientConnection:
                 peer=last.peer,
                 tls=last.tls,
                 server=last.server,
+                tls_failed=last.tls_failed,
             )
         elif refused and len(done) > 1:
             # Hosts passed over for the policy's TLS, each for a reason of its own: the last
@@ -790,13 +809,16 @@ class ClientConnection:
                 peer=last.peer,
                 tls=last.tls,
                 server=last.server,
+                tls_failed=last.tls_failed,
             )
         if looped is not None and not elsewhere and not cut:
             raise LoopsBack(destination.site, looped)
         # Down: no host took the connection, and none was left untried but for the DNS saying
         # it has no address (which no retry soon changes; see the README's "Dead sites").
         down = tried and not connected and not unresolved
-        raise ConnectFailed(last.reply, site_down=down, peer=last.peer, tls=last.tls, server=last.server)
+        raise ConnectFailed(
+            last.reply, site_down=down, peer=last.peer, tls=last.tls, server=last.server, tls_failed=last.tls_failed
+        )
 
     @classmethod
     async def _open_one(
@@ -1062,6 +1084,8 @@ class ClientConnection:
             for index in again:
                 replies[index] = _noted(replies[index], f"; connecting again failed: {error.reply}")
             return Result(replies, result.mail_reply, result.data_reply)
+        # (`tls_failed` stays: `opened_with` is the fallback's, so the new connection is one
+        # too, for the same failed handshake, and its recipients' records say so as well.)
         self._wire, self._session, self.tls, self.broken = other._wire, other._session, other.tls, False
         self.dane_match = other.dane_match
         replies = list(result.replies)

@@ -159,6 +159,7 @@ class SmtpAgent:
                     passed_on="DSN" in connection.capabilities,
                     own=error.unanswered(count),
                     auth_user=connection.auth_user,
+                    tls_failed=connection.tls_failed,
                 )
                 attempts.append(attempt)
                 continue
@@ -180,6 +181,7 @@ class SmtpAgent:
                 duration,
                 passed_on=passed_on,
                 auth_user=connection.auth_user,
+                tls_failed=connection.tls_failed,
             )
             if converted:
                 attempt = attempt._replace(converted="7bit")
@@ -217,7 +219,15 @@ class SmtpAgent:
             return None
         classes = self._classifier.classify_all(replies)
         passed_on = "DSN" in connection.capabilities
-        return Attempt(replies, classes, self._site, connection.peer, connection.tls, passed_on=passed_on)
+        return Attempt(
+            replies,
+            classes,
+            self._site,
+            connection.peer,
+            connection.tls,
+            passed_on=passed_on,
+            tls_failed=connection.tls_failed,
+        )
 
     def _cut_replies(
         self, item: Work, envelope: client.Envelope, connection: ClientConnection, done: list[Reply]
@@ -291,7 +301,7 @@ class SmtpAgent:
         """`attempt` with its `pending` recipients' replies the ones `other` gave (`more`)."""
         replies, classes = list(attempt.replies), list(attempt.classifications)
         classified = self._classifier.classify_all(more)
-        via = Via(other.peer, other.tls, "DSN" in other.capabilities)
+        via = Via(other.peer, other.tls, "DSN" in other.capabilities, other.tls_failed)
         for index, reply, classification in zip(pending, more, classified, strict=True):
             replies[index], classes[index] = reply, classification
         duration = (attempt.duration or 0.0) + took
@@ -361,6 +371,7 @@ class SmtpAgents:
                 reply_for=reply_for,
                 server=server,
                 authentication=error.authentication,
+                tls_failed=error.tls_failed,
             ) from None
         elsewhere = None
         if options.try_next_mx and len(destination.hops) > 1:

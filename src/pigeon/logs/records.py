@@ -56,6 +56,10 @@ is `Held` (mail of an [[inbound]] route kept for an operator instead of bounced)
 |                |                  | off, or its unverified fallback)                          |
 |                |                  | and, under a recipient domain's MTA-STS policy, its mode: |
 |                |                  | `..., certificate verified, MTA-STS enforce`              |
+| tls_failed     | all four         | the connection was opportunistic TLS's fallback (the clear, |
+|                |                  | or TLS unverified) after a STARTTLS handshake with `peer` |
+|                |                  | failed: what that failure said (absent: no fallback; a    |
+|                |                  | server that offers no STARTTLS has none)                  |
 | auth_user      | all four         | the user that connection authenticated as (a `[[route]]`'s |
 |                |                  | `auth_username`, SMTP AUTH to its smart host); absent: none |
 | created        | all four         | when the message was received                             |
@@ -205,6 +209,9 @@ class Attempt(Record):
     source: str | None = None  # the egress [[source]] it left from; None: the implicit source
     peer: str | None = None  # "mx.example.net [192.0.2.1]:25"
     tls: str | None = None
+    # The connection is opportunistic TLS's fallback after a STARTTLS handshake that failed
+    # there (in the clear, or unverified TLS): what that failure said. Absent: no fallback.
+    tls_failed: str | None = None
     auth_user: str | None = None  # who the connection authenticated as (a smart host's AUTH), as Reception's
     created: float = 0.0  # when the message was received
     duration: float | None = None  # seconds this attempt took, connection excluded

@@ -17,11 +17,13 @@ from pigeon.smtp.replies import Reply
 
 class Via(NamedTuple):
     """Another host of the site that answered some of an attempt's recipients (see
-    `Attempt.via`): its peer, its TLS, and whether it took the DSN parameters."""
+    `Attempt.via`): its peer, its TLS, whether it took the DSN parameters, and the failed
+    handshake its connection fell back from (`Attempt.tls_failed`)."""
 
     peer: str
     tls: str | None
     passed_on: bool
+    tls_failed: str | None = None
 
 
 class Attempt(NamedTuple):
@@ -79,13 +81,25 @@ class Attempt(NamedTuple):
     converted: str | None = None
     """"7bit": the message went in a 7-bit form made for a peer without 8BITMIME
     (`pigeon.delivery.seven_bit`), which its `Delivery` records say. None: as it was."""
+    tls_failed: str | None = None
+    """The connection to `peer` is opportunistic TLS's fallback after a STARTTLS handshake
+    that failed there (`tls` None: in the clear; or on TLS whose certificate was not verified,
+    after it did not verify), and this is what that handshake's failure said ("TLS handshake
+    with mx.example.net [192.0.2.1]:25 failed: ..."). None: no such fallback (a server that
+    offers no STARTTLS is in the clear without one). An auditor tells a downgrade from a
+    server without TLS by it."""
 
     def peer_of(self, index: int) -> tuple[str | None, str | None, bool]:
         """The peer, TLS and `passed_on` that recipient `index`'s reply came with."""
         via = self.via.get(index) if self.via else None
         if via is None:
             return self.peer, self.tls, self.passed_on
-        return via
+        return via.peer, via.tls, via.passed_on
+
+    def tls_failed_of(self, index: int) -> str | None:
+        """The `tls_failed` of the connection recipient `index`'s reply came over."""
+        via = self.via.get(index) if self.via else None
+        return self.tls_failed if via is None else via.tls_failed
 
     @classmethod
     def same_for_all(

@@ -859,11 +859,13 @@ class Settlement:
         attempt: Attempt | None,
         index: int = -1,
     ) -> dict[str, Any]:
-        """A record's fields; the peer and TLS are those recipient `index` of the attempt was
-        answered by (-1: the attempt's own)."""
+        """A record's fields; the peer and TLS (and the failed handshake its connection fell
+        back from) are those recipient `index` of the attempt was answered by (-1: the attempt's own)."""
         peer, tls = (None, None) if attempt is None else (attempt.peer, attempt.tls)
+        tls_failed = None if attempt is None else attempt.tls_failed
         if attempt is not None and index >= 0 and attempt.via:
             peer, tls, _ = attempt.peer_of(index)
+            tls_failed = attempt.tls_failed_of(index)
         return {
             "timestamp": self._clock(),
             "id": format_id(message.id),
@@ -877,6 +879,7 @@ class Settlement:
             "source": attempt.source if attempt else None,
             "peer": peer,
             "tls": tls,
+            "tls_failed": tls_failed,
             "auth_user": attempt.auth_user if attempt else None,
             "created": message.created,
             "duration": attempt.duration if attempt else None,
