@@ -45,6 +45,31 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         items.sort(key=lambda item: (-_declared_timeout(item), -_LONG.get(item.nodeid.partition("[")[0], 0)))
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """With PIGEON_TEST_CPU=DIR, each test's CPU seconds (the test process's own, and its
+    children's: the Pigeon nodes, sinks and servers it started and reaped) and wall seconds,
+    a line per test in DIR/<worker>.tsv: the suite is bound by two cores' CPU, not by its
+    waits, so this, not --durations, says which tests make it long."""
+    into = os.environ.get("PIGEON_TEST_CPU")
+    if not into:
+        yield
+        return
+    import resource
+    import time
+
+    def cpu(who: int) -> float:
+        usage = resource.getrusage(who)
+        return usage.ru_utime + usage.ru_stime
+
+    own, children, started = cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN), time.monotonic()
+    yield
+    own, children = cpu(resource.RUSAGE_SELF) - own, cpu(resource.RUSAGE_CHILDREN) - children
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    with open(Path(into) / f"{worker}.tsv", "a", encoding="utf-8") as out:
+        out.write(f"{item.nodeid}\t{own:.2f}\t{children:.2f}\t{time.monotonic() - started:.2f}\n")
+
+
 def _declared_timeout(item: pytest.Item) -> float:
     marker = item.get_closest_marker("timeout")
     return float(marker.args[0]) if marker is not None and marker.args else 0.0
