@@ -1112,7 +1112,9 @@ class SmtpConnection(asyncio.Protocol):
         recipient: str | None = None,
         sender: str | None,
     ) -> None:
-        """`recipient`: the address a refused RCPT gave, as the client sent it (escaped here).
+        """`command`: the verb the client gave, as it gave it (escaped here, as `recipient` is;
+        "": the reply answered no command, a timeout say, and the record names none).
+        `recipient`: the address a refused RCPT gave, as the client sent it (escaped here).
         A message refused whole (DATA, BDAT: by the policy's on_message, the content checks,
         the spool) names the sender and recipients it was for: the record is all an operator
         has to find whose mail was turned away, since nothing is stored under its id.
@@ -1121,13 +1123,16 @@ class SmtpConnection(asyncio.Protocol):
         recipients = [shown(recipient)] if recipient is not None else None
         if recipient is None and command in ("DATA", "BDAT") and self._recipients:
             recipients = [shown(r.address) for r in self._recipients]
-        self._listener.intake.metrics.rejections.labels(command or "-", str(reply.code)).inc()
+        # (A verb that is not UTF-8 holds surrogate escapes, which neither JSON nor the metrics'
+        # text could carry: escaped, it is printable and names the bytes it was.)
+        verb = shown(command)
+        self._listener.intake.metrics.rejections.labels(verb or "-", str(reply.code)).inc()
         self._listener.intake.log.write(
             Rejection(
                 timestamp=time.time(),
                 session=self.id,
                 peer=self.peer,
-                command=command,
+                command=verb or None,
                 # A refusal before the banner is the greeting, sent without its enhanced code.
                 response=Response.of(reply, enhanced=session.greeted),
                 helo=session.helo,

@@ -24,7 +24,9 @@ fields depend on the type; absent optional fields are omitted, never written as 
 | tls         | Reception, Rejection          | TLS version and cipher, when the connection used TLS     |
 | auth_user   | Reception, Rejection          | authenticated user (HTTP: the API token's name)          |
 | meta        | Reception, Rejection          | metadata the injecting application gave the recipient    |
-| command     | Rejection                     | the SMTP verb that was refused (MAIL, RCPT, DATA, ...)   |
+| command     | Rejection                     | the SMTP verb that was refused (MAIL, RCPT, DATA, ...), |
+|             |                               | escaped as `recipients` are; none if the reply answered no |
+|             |                               | command (a timeout)                                       |
 | response    | Reception, Rejection          | `{code, enhanced, text}` of the reply Pigeon sent        |
 | reason      | Quarantine                    | why a spool entry could not be read                      |
 | from_queue, route, operator, operation | Rebind | an operator's rebind of a message: the queue it left, the |
@@ -170,13 +172,16 @@ class Reception(Record, tag="Reception", kw_only=True):
     answered: bool = True
 
 
-class Rejection(Record, tag="Rejection"):
+class Rejection(Record, tag="Rejection", kw_only=True):
     """Pigeon answered a client's command with a 4xx or 5xx reply; or, over HTTP, refused a
     recipient of an injection at intake (`command` "inject", `session` the request's)."""
 
     session: str
     peer: str
-    command: str
+    # The command answered, as the client gave its verb (at most 16 octets, escaped as
+    # `recipients` are: `pigeon.logs.peer_text.shown`); left out when the reply answered none
+    # (a timeout, a connection evicted or shut down between commands).
+    command: str | None = None
     response: Response
     helo: str | None = None
     sender: str | None = None

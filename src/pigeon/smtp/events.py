@@ -157,6 +157,10 @@ class DataChunk:
 class Rejected:
     """The session answered a command with an error reply by itself.
 
+    `command`: the verb the client gave (at most 16 octets, ASCII letters in capitals; bytes
+    that are not UTF-8 as surrogate escapes, as `recipient`); AUTH for a SASL response, none of
+    which is kept. The 421 after the error past max_errors names the command of that error.
+
     `recipient`: for a refused RCPT, the address as the client gave it, so that the refusal
     can name whom it refused, even when the line did not parse (then the path between its
     angle brackets, or the argument's first word). Bytes that are not UTF-8 are kept as

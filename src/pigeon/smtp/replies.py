@@ -273,6 +273,11 @@ BAD_ADDRESS_SYNTAX_RCPT: Final = r(501, "5.1.3", "Bad recipient address syntax")
 NON_ASCII_WITHOUT_SMTPUTF8: Final = r(553, "5.6.7", "Non-ASCII address requires MAIL FROM with SMTPUTF8")
 SMTPUTF8_NOT_OFFERED: Final = r(555, "5.5.4", "SMTPUTF8 is not offered by this server")
 MESSAGE_TOO_BIG: Final = r(552, "5.3.4", "Message size exceeds fixed maximum message size")
+# A command line (or SASL response) holding a CR that does not end it, or a NUL: refused, and
+# the reply says which it found, so that a client's author knows what to look for.
+COMMAND_BARE_CR: Final = r(501, "5.5.2", "Command contains a bare <CR>")
+COMMAND_NUL: Final = r(501, "5.5.2", "Command contains a NUL")
+COMMAND_BARE_CR_AND_NUL: Final = r(501, "5.5.2", "Command contains a bare <CR> and a NUL")
 CONTENT_NUL: Final = r(554, "5.6.0", "Message contains a NUL octet (RFC 5322 2.3, RFC 6152 2)")
 CONTENT_BARE_LF: Final = r(554, "5.6.0", "Message contains a bare <LF>; lines must end with <CR><LF> (RFC 5321 2.3.8)")
 CONTENT_BARE_CR: Final = r(554, "5.6.0", "Message contains a bare <CR>; lines must end with <CR><LF> (RFC 5321 2.3.8)")

@@ -274,7 +274,7 @@ class ServerSession:
             raise SmtpUsageError("there is no decision to answer")
         self._pending = None
         self._awaiting = False
-        self._queue(reply)
+        self._queue(reply, verb=_decision_verb(pending))
         if self._closing is not None:
             return  # too many errors: the session already said goodbye
         if reply.code == 421:
@@ -362,6 +362,8 @@ class ServerSession:
             if self.phase is Phase.AUTH:
                 self._sasl = None  # a broken response line ends the SASL exchange too
                 self.phase = Phase.READY
+                if not self._refused_verb:  # a response too long (`_head_of` kept none of it)
+                    self._refused_verb = "AUTH"
             head, self._overlong_head = self._overlong_head, b""
             if head:
                 # An overlong line names its command and address as any refused one does.
@@ -436,7 +438,7 @@ class ServerSession:
             bare = self._line_overlong is None or not self._dropped_cr
         if bare:
             # (Not the rest of a line dropped for its length: that has no verb of its own.)
-            self._refused_verb = _verb_of(buf[:end]) if self._line_overlong is None else ""
+            self._refused_verb = self._refused_line_verb(buf[:end]) if self._line_overlong is None else ""
             self._overlong_head = b""
             buf.clear()
             self._line_overlong = None
@@ -453,10 +455,21 @@ class ServerSession:
             return overlong
         line = buf[: end - 1]
         del buf[: end + 1]
-        if b"\r" in line or b"\0" in line:
-            self._refused_verb = _verb_of(line)
-            return replies.syntax("Command contains a bare <CR> or a NUL", "5.5.2")
+        bare_cr = b"\r" in line
+        nul = b"\0" in line
+        if bare_cr or nul:
+            self._refused_verb = self._refused_line_verb(line)
+            if not nul:
+                return replies.COMMAND_BARE_CR
+            return replies.COMMAND_BARE_CR_AND_NUL if bare_cr else replies.COMMAND_NUL
         return line
+
+    def _refused_line_verb(self, line: bytes | bytearray) -> str:
+        """The verb of a line refused before it was parsed, for its Rejected event: AUTH for a
+        SASL response, whose start is a credential's (base64 of a password), never to be logged."""
+        if self.phase is Phase.AUTH:
+            return "AUTH"
+        return _verb_of(line)
 
     def _head_of(self, buf: bytearray, end: int) -> bytes:
         """The start of an overlong line (`end`: its LF, or what there is of it), for its
@@ -850,7 +863,9 @@ class ServerSession:
         self._chunk_total = 0
 
     # --- output --------------------------------------------------------------------------
-    def _queue(self, reply: Reply, *, enhanced: bool = True) -> None:
+    def _queue(self, reply: Reply, *, enhanced: bool = True, verb: str = "") -> None:
+        """`verb`: the command `reply` answers, which the 421 after the error past max_errors
+        names (the command that went over the limit)."""
         # Enhanced codes whatever the client greeted with (RFC 2034 4, 5: "regardless of
         # whether or not EHLO is employed"); `greet` alone goes without (RFC 2034 3).
         self._out += reply.encode(enhanced=enhanced)
@@ -870,7 +885,7 @@ class ServerSession:
             if self.errors >= self.config.max_errors and self._closing is None:
                 final = replies.too_many_errors(self.config.hostname)
                 self._out += final.encode(enhanced=enhanced)
-                self._events.append(Rejected("", final))
+                self._events.append(Rejected(verb, final))
                 self._close(final)
 
     def _reject(self, verb: str, reply: Reply, recipient: str | None = None, sender: str | None = None) -> None:
@@ -878,7 +893,7 @@ class ServerSession:
         if sender is None and self.mail is not None:
             sender = self.mail.sender
         self._events.append(Rejected(verb, reply, recipient, sender))
-        self._queue(reply)
+        self._queue(reply, verb=verb)
 
     def _close(self, reply: Reply | None) -> None:
         """End the session with `reply` (already queued), or None: the peer's EOF."""
@@ -902,7 +917,17 @@ def _b64decode(text: str) -> str | None:
 
 
 def _verb_of(line: bytes | bytearray) -> str:
-    return line.split(b" ", 1)[0][:16].decode("ascii", "replace").upper()
+    """The verb a refused line gave, for its Rejected event: its first word, at most 16 octets,
+    ASCII letters in capitals, other bytes as they came (those that are not UTF-8 as surrogate
+    escapes, as a refused RCPT's address: escaped where it is shown, `pigeon.logs.peer_text`)."""
+    return line.split(b" ", 1)[0][:16].upper().decode("utf-8", "surrogateescape")
+
+
+def _decision_verb(decision: DecisionEvent) -> str:
+    """The command a decision answers: BDAT for the end of a chunked message."""
+    if isinstance(decision, MessageEnd) and decision.chunked:
+        return "BDAT"
+    return type(decision).verb
 
 
 @functools.lru_cache(maxsize=256)

@@ -279,7 +279,7 @@ def test_auth_login_with_bad_base64_is_refused() -> None:
 def test_framing_error_during_a_sasl_exchange_ends_it() -> None:
     peer = authenticated_ready()
     assert peer.send("AUTH LOGIN\r\n") == USERNAME_CHALLENGE
-    assert peer.send(b64("carol") + "\r\0\r\n") == "501 5.5.2 Command contains a bare <CR> or a NUL\r\n"
+    assert peer.send(b64("carol") + "\r\0\r\n") == "501 5.5.2 Command contains a bare <CR> and a NUL\r\n"
     # The client saw a final 5xx reply, so AUTH is over; its next line is a command.
     assert peer.send("MAIL FROM:<a@example.org>\r\n") == "250 2.1.0 Sender ok\r\n"
 
@@ -348,3 +348,23 @@ def test_auth_success_is_kept_across_transactions_but_not_across_tls() -> None:
 def test_hostname_in_closing_reply() -> None:
     peer = authenticated_ready()
     assert peer.send("QUIT\r\n") == f"221 2.0.0 {HOSTNAME} closing connection\r\n"
+
+
+@pytest.mark.parametrize(
+    ("ending", "code"),
+    [
+        (b"\r\0\r\n", 501),  # a bare CR and a NUL
+        (b"\0\r\n", 501),  # a NUL
+        (b"\n", 421),  # a bare LF
+        (b"x" * 13_000 + b"\r\n", 500),  # too long
+    ],
+)
+def test_a_sasl_response_refused_as_a_line_is_reported_as_auth_and_none_of_it_as_the_verb(
+    ending: bytes, code: int
+) -> None:
+    """The start of a SASL response is a credential's (base64 of a password): the refusal's
+    verb, which the listener logs, is AUTH, not its first 16 octets."""
+    peer = authenticated_ready()
+    peer.send("AUTH LOGIN\r\n" + b64("carol") + "\r\n")
+    assert peer.send_raw(b64("Secret-Passw0rd!").encode() + ending)[:3] == str(code).encode()
+    assert [(event.command, event.reply.code) for event in peer.of_type(Rejected)] == [("AUTH", code)]
