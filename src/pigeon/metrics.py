@@ -448,7 +448,9 @@ class Metrics:
         r.register(_CountsCollector(self.counts))
         self.rejections = Counter(
             "pigeon_rejections",
-            "Commands answered with a 4xx or 5xx reply (command inject: recipients an HTTP injection refused)",
+            "Commands answered with a 4xx or 5xx reply (command: the SMTP verb, other for one Pigeon does not "
+            "know, CONNECT a connection refused at its greeting, - none answered; inject: recipients an HTTP "
+            "injection refused)",
             ["command", "code"],
             registry=r,
         )

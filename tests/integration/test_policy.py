@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import smtplib
+import socket
 import subprocess
 import sys
 import textwrap
@@ -90,6 +91,30 @@ def test_on_connect_refuses_with_its_code_and_the_connection_closes(tmp_path: Pa
         assert rejection["peer"].startswith("127.0.0.2:")
         # What the client was told: a greeting carries no enhanced code, so neither does its record.
         assert rejection["response"] == {"code": 554, "text": "no mail from you"}
+
+
+def test_a_greeting_refused_by_on_connect_is_the_one_answer_even_with_max_errors_1(tmp_path: Path) -> None:
+    """The 554 greeting is not an error of the client's: it ends the session on its own, with no
+    `421 ... too many errors` after it (which said the opposite: try again later)."""
+    source = """
+        from pigeon.policy import Refuse
+        def on_connect(connection):
+            if connection.peer_ip == "127.0.0.2":
+                return Refuse(554, "no mail from you")
+    """
+    with _node(tmp_path, source, smtp={"max_errors": 1}) as pigeon:
+        address = ("127.0.0.1", pigeon.smtp_port)
+        with socket.create_connection(address, timeout=10, source_address=("127.0.0.2", 0)) as sock:
+            said = b""
+            while chunk := sock.recv(4096):  # all the server says, until it closes
+                said += chunk
+        assert said == b"554 no mail from you\r\n"
+        pigeon.wait_records("Rejection")
+        time.sleep(0.5)  # (a second record would be written by now)
+        assert [(r["command"], r["response"]["code"]) for r in pigeon.records("Rejection")] == [("CONNECT", 554)]
+        _, metrics = pigeon.http_get("/metrics")
+    assert 'pigeon_rejections_total{code="554",command="CONNECT"} 1.0' in metrics.decode()
+    assert 'code="421"' not in metrics.decode()
 
 
 def test_mail_from_and_rcpt_to_are_refused_with_the_policys_codes(tmp_path: Path) -> None:

@@ -66,6 +66,7 @@ from pigeon.policy.answers import Refuse
 from pigeon.policy.hooks import POLICY_ERROR, HookFailed, at_greeting, refusal
 from pigeon.smtp import replies
 from pigeon.smtp.address import is_postmaster, same_mailbox_key
+from pigeon.smtp.commands import VERBS
 from pigeon.smtp.events import (
     NEED_DATA,
     AuthCredentials,
@@ -1113,7 +1114,8 @@ class SmtpConnection(asyncio.Protocol):
         sender: str | None,
     ) -> None:
         """`command`: the verb the client gave, as it gave it (escaped here, as `recipient` is;
-        "": the reply answered no command, a timeout say, and the record names none).
+        "": the reply answered no command, a timeout say, and the record names none); the
+        metrics name it only as `_counted_as` says.
         `recipient`: the address a refused RCPT gave, as the client sent it (escaped here).
         A message refused whole (DATA, BDAT: by the policy's on_message, the content checks,
         the spool) names the sender and recipients it was for: the record is all an operator
@@ -1123,10 +1125,10 @@ class SmtpConnection(asyncio.Protocol):
         recipients = [shown(recipient)] if recipient is not None else None
         if recipient is None and command in ("DATA", "BDAT") and self._recipients:
             recipients = [shown(r.address) for r in self._recipients]
-        # (A verb that is not UTF-8 holds surrogate escapes, which neither JSON nor the metrics'
-        # text could carry: escaped, it is printable and names the bytes it was.)
+        # (A verb that is not UTF-8 holds surrogate escapes, which JSON could not carry: escaped,
+        # it is printable and names the bytes it was.)
         verb = shown(command)
-        self._listener.intake.metrics.rejections.labels(verb or "-", str(reply.code)).inc()
+        self._listener.intake.metrics.rejections.labels(self._counted_as(verb), str(reply.code)).inc()
         self._listener.intake.log.write(
             Rejection(
                 timestamp=time.time(),
@@ -1143,6 +1145,18 @@ class SmtpConnection(asyncio.Protocol):
                 id=message_id,
             )
         )
+
+    def _counted_as(self, verb: str) -> str:
+        """The `command` label of `pigeon_rejections_total` for a rejection of `verb` (escaped):
+        a verb Pigeon knows, CONNECT for a greeting refused, "-" for no command, and "other"
+        for anything else. Each value is a series the worker keeps and /metrics shows for good,
+        so a client's made-up verbs (and text of its choosing) must not become values of their
+        own; its Rejection record names what it sent."""
+        if verb in VERBS:
+            return verb
+        if verb == "CONNECT" and not self._session.greeted:
+            return verb  # (a client's "CONNECT host:443", an HTTP proxy probe, is "other")
+        return "other" if verb else "-"
 
     def close_when_idle(self) -> None:
         """Shutdown: close now if no transaction is open, else right after it ends."""

@@ -272,3 +272,7 @@ _PARSERS: Final[dict[str, Parser]] = {
     "STARTTLS": _no_argument(StartTls(), "STARTTLS"),
     "AUTH": _auth,
 }
+
+VERBS: Final[frozenset[str]] = frozenset({*_PARSERS, "EXPN"})
+"""The verbs the server recognises (EXPN to refuse as not implemented rather than unknown): the
+only ones a metric may name (`pigeon_rejections_total`), where each is a series kept for good."""

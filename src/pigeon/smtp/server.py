@@ -228,7 +228,10 @@ class ServerSession:
     def greet(self, reply: Reply | None = None) -> None:
         """Queue the banner. A 421/554 banner refuses the connection."""
         reply = reply or replies.greeting(self.config.hostname, self.config.banner)
-        self._queue(reply, enhanced=False)
+        # Not through `_queue`: a refused banner answers no command of the client's, so it is no
+        # error of its (max_errors); with max_errors = 1 it would get a 421 "too many errors"
+        # after its 554, a second and contradictory last word (RFC 2034 3: no enhanced code).
+        self._out += reply.encode(enhanced=False)
         self.greeted = True
         if reply.code >= 400:
             self._close(reply)
@@ -863,12 +866,13 @@ class ServerSession:
         self._chunk_total = 0
 
     # --- output --------------------------------------------------------------------------
-    def _queue(self, reply: Reply, *, enhanced: bool = True, verb: str = "") -> None:
-        """`verb`: the command `reply` answers, which the 421 after the error past max_errors
-        names (the command that went over the limit)."""
+    def _queue(self, reply: Reply, *, verb: str = "") -> None:
+        """Queue the answer to a command of the client's (the banner is `greet`'s), counting it
+        towards max_errors. `verb`: the command `reply` answers, which the 421 after the error
+        past max_errors names (the command that went over the limit)."""
         # Enhanced codes whatever the client greeted with (RFC 2034 4, 5: "regardless of
         # whether or not EHLO is employed"); `greet` alone goes without (RFC 2034 3).
-        self._out += reply.encode(enhanced=enhanced)
+        self._out += reply.encode()
         # Only the client's errors count towards max_errors. 452 for recipients past our limit
         # is no fault of the client's: RFC 5321 4.5.3.1.10 has it send the rest in a new
         # transaction, and a pipelining client learns of the limit only after it has sent them
@@ -884,7 +888,7 @@ class ServerSession:
             # The max_errors-th error is the last: it gets its reply, then 421 (as documented).
             if self.errors >= self.config.max_errors and self._closing is None:
                 final = replies.too_many_errors(self.config.hostname)
-                self._out += final.encode(enhanced=enhanced)
+                self._out += final.encode()
                 self._events.append(Rejected(verb, final))
                 self._close(final)
 
