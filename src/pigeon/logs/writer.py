@@ -22,6 +22,8 @@ second, and `error` says what is wrong until a write and a sync succeed again. P
 except the one whose head is already in the file.
 
 Segments are named `<UTC time>-<microseconds>-w<shard>.jsonl`, so names sort by age. A
+segment takes whole records up to `max_segment_size` (one record alone may be larger), and is
+rotated `max_segment_age` after its first record was written (an empty one never is). A
 segment is closed (and gzipped in a background thread, `.jsonl.gz`, written beside it and
 renamed into place before the plain file is removed) only after an fsync covered all of it:
 a rotation hands the old segment to the next sync. Segments left plain by a crash are
@@ -113,7 +115,6 @@ class LogWriter:
         self._fd_lock = threading.Lock()  # the sync thread holds it while it fsyncs
         self._sync_lock: asyncio.Lock | None = None
         self._size = 0
-        self._opened_at = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._flush_scheduled = False
         self._drop_scheduled = False
@@ -123,6 +124,7 @@ class LogWriter:
         self._tasks: set[asyncio.Task[None]] = set()
         self._compressors: list[threading.Thread] = []
         self._write_error: str | None = None
+        self._cannot_open = False  # the last attempt to open a new segment failed
         self._sync_error: str | None = None
         self._failing_since = 0.0
         self._reported_at = 0.0
@@ -167,8 +169,6 @@ class LogWriter:
         for leftover in sorted(self.directory.glob("*" + mine)):
             self._close_segment(leftover)
         self._segment = self._new_segment()
-        if loop is not None:
-            self._arm_age_timer()
 
     def close(self) -> None:
         """Flush, fsync, close and compress the segments; wait for compressions.
@@ -176,11 +176,11 @@ class LogWriter:
         Blocks on the fsync: call it last, when nothing else waits on the loop. Records that
         cannot be written are reported (and counted in `dropped`).
         """
-        for timer in (self._age_timer, self._retry):
+        self.flush()
+        for timer in (self._age_timer, self._retry):  # (after the flush, which may set them)
             if timer is not None:
                 timer.cancel()
         self._age_timer = self._retry = None
-        self.flush()
         segments = [*self._retiring, *([self._segment] if self._segment is not None else [])]
         upto = self._written
         try:
@@ -254,19 +254,57 @@ class LogWriter:
 
     def flush(self) -> None:
         """Write buffered records to the segment now (no fsync). Never raises: a failure is
-        kept in `error` and retried."""
+        kept in `error` and retried.
+
+        A segment takes whole records up to `max_segment_size`: the records that would take
+        it past go to the next one (in a second write, once a segment), so a segment is over
+        the size only when its one record is. One whose head is in the file is finished there."""
         self._flush_scheduled = False
         if self._loop is not None:
             self._last_flush = self._loop.time()
-        segment = self._segment
-        if not self._buf or segment is None or segment.fd is None:
-            return
+        bounded = True  # False once a new segment could not be opened: the rest goes on here
+        while self._buf:
+            segment = self._segment
+            if segment is None or segment.fd is None:
+                return
+            if self._size + len(self._buf) - self._partial <= self._max_size or not bounded:
+                end = len(self._buf)  # all of it fits: the usual case, one comparison
+            else:
+                end = self._fitting()
+                if not end:
+                    bounded = self._switch()
+                    continue
+            if not self._write_out(segment, end):
+                return
+            if self._write_error is not None and bounded:
+                self._write_recovered()
+            if self._age_timer is None and self._loop is not None:
+                # Its first records: it is rotated `max_segment_age` from now.
+                self._age_timer = self._loop.call_later(self._max_age, self._check_age)
+        if bounded and self._size >= self._max_size:
+            self._switch()
+
+    def _fitting(self) -> int:
+        """Bytes of the buffer the current segment takes within `max_segment_size`: its whole
+        lines that fit; at least the line whose head is in it, or a first line however long.
+        0: the next line would take it past the size, and goes to a new segment."""
+        buf = self._buf
+        room = max(0, self._max_size - self._size + self._partial)  # buffer bytes that fit
+        end = buf.rfind(b"\n", 0, room) + 1
+        if end or (self._size and not self._partial):
+            return end
+        return buf.index(b"\n", self._partial) + 1
+
+    def _write_out(self, segment: _Segment, end: int) -> bool:
+        """Write the buffer up to `end` (the end of a line) to `segment`. False: it failed,
+        and the failure is kept in `error`, with a retry to come."""
+        assert segment.fd is not None
         start = self._partial  # the head of a line cut short earlier is in the file already
         written, failure = start, None
         try:
             with memoryview(self._buf) as view:
-                while written < len(view):
-                    with view[written:] as rest:
+                while written < end:
+                    with view[written:end] as rest:
                         written += os.write(segment.fd, rest)
         except OSError as error:
             failure = error
@@ -275,11 +313,8 @@ class LogWriter:
         if failure is not None:
             self._take_back_partial(segment)
             self._write_failed(segment.path, failure)
-            return
-        if self._write_error is not None:
-            self._write_recovered()
-        if self._size >= self._max_size:
-            self.rotate()
+            return False
+        return True
 
     async def sync(self) -> None:
         """Flush what is buffered and fsync it (in a thread): when this returns, every record
@@ -289,7 +324,9 @@ class LogWriter:
         if self._sync_lock is None:
             self._sync_lock = asyncio.Lock()
         async with self._sync_lock:
-            if self._synced < target:  # a sync that ran meanwhile may have covered them
+            # A sync that ran meanwhile may have covered them; a segment rotated since still
+            # needs one to close, even when it holds nothing new (an idle node's last one).
+            if self._synced < target or self._retiring:
                 self.flush()
                 if self._written > self._synced or self._retiring:  # else nothing new reached the file
                     await self._fsync()
@@ -302,25 +339,39 @@ class LogWriter:
     def rotate(self) -> None:
         """Start a new segment; the old one closes (and is compressed) once an fsync covers it."""
         self.flush()
+        self._switch()
+
+    def _switch(self) -> bool:
+        """Start a new segment, the buffer flushed or not; the old one is handed to a sync.
+        False: the current one goes on (it is empty, a record is half in it, or no new
+        segment could be opened: that is kept in `error`, and tried again in a second)."""
         old = self._segment
         if old is None or old.fd is None or self._size == 0:
-            return  # nothing in it: keep using it
+            return False  # nothing in it: keep using it
         if self._partial:
-            return  # a record is half in it: its rest goes there first
+            return False  # a record is half in it: its rest goes there first
         try:
             new = self._new_segment()
         except OSError as error:
             self._write_failed(old.path, error)
-            return
+            self._cannot_open = True
+            if self._loop is not None and self._retry is None:  # (even with nothing waiting to be written)
+                self._retry = self._loop.call_later(_RETRY_AFTER, self._retry_flush)
+            return False
         old.last = self._written
         self._retiring.append(old)
         self._segment = new
+        if self._cannot_open:
+            self._cannot_open = False
+            if self._write_error is not None and not self._buf:
+                self._write_recovered()  # a segment could be opened, and everything is written
         if self._loop is None:
             self._fsync_now()
         else:
             task = self._loop.create_task(self._sync_quietly())
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+        return True
 
     def abandon(self) -> list[tuple[int, bytes]]:
         """Give up on the records not yet written (at stop, with the disk still failing):
@@ -549,7 +600,9 @@ class LogWriter:
         path = self.directory / f"{stamp}-{micros:06d}-w{self._shard}{SEGMENT_SUFFIX}"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
         self._size = 0
-        self._opened_at = time.monotonic()
+        if self._age_timer is not None:  # the next segment's is set by its first records
+            self._age_timer.cancel()
+            self._age_timer = None
         return _Segment(path, fd)
 
     def _close_segment(self, path: Path) -> None:
@@ -561,14 +614,17 @@ class LogWriter:
         thread.start()
         self._compressors.append(thread)
 
-    def _arm_age_timer(self) -> None:
-        assert self._loop is not None
-        self._age_timer = self._loop.call_later(min(self._max_age, 60.0), self._check_age)
-
     def _check_age(self) -> None:
-        if time.monotonic() - self._opened_at >= self._max_age:
-            self.rotate()
-        self._arm_age_timer()
+        """The current segment's first records are `max_segment_age` old: rotate it. An empty
+        segment never gets here, so an idle node starts no stream of empty ones."""
+        self._age_timer = None
+        aged = self._segment
+        self.rotate()
+        if aged is not None and self._segment is aged and self._size and self._loop is not None:
+            # Not rotated (a record half in it, or no new segment could be opened): try again soon.
+            if self._age_timer is not None:
+                self._age_timer.cancel()
+            self._age_timer = self._loop.call_later(_RETRY_AFTER, self._check_age)
 
 
 def compress_segment(path: Path) -> None:

@@ -288,3 +288,34 @@ async def test_close_reports_records_it_could_not_write(
     log.close()
     assert log.dropped == 7
     assert "7 records could not be written" in caplog.text
+
+
+async def test_a_segment_is_rotated_max_segment_age_after_its_first_record_whenever_it_was_started(
+    tmp_path: Path,
+) -> None:
+    # Found from outside: the age was looked at every min(age, 60 s) from the writer's start,
+    # so a segment started in between (by size) was rotated up to twice its age late.
+    loop = asyncio.get_running_loop()
+    log = opened(tmp_path, max_segment_size=200, max_segment_age=1.0)
+    await asyncio.sleep(0.5)
+    for n in range(3):
+        log.write_raw(line(n))  # past 200 bytes: a new segment starts now, half an age in
+    log.flush()
+    started = log.current_segment
+    log.write_raw(line(3))
+    log.flush()
+    begun = loop.time()
+    for _ in range(300):
+        if log.current_segment != started:
+            break
+        await asyncio.sleep(0.01)
+    assert 0.95 <= loop.time() - begun <= 1.25
+    assert started is not None
+    gzipped = started.with_name(started.name + ".gz")
+    for _ in range(200):  # no record comes: it is closed all the same
+        if gzipped.exists() and not started.exists():
+            break
+        await asyncio.sleep(0.01)
+    assert gzipped.exists() and not started.exists()
+    log.close()
+    assert numbers(tmp_path) == [0, 1, 2, 3]
