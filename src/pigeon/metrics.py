@@ -19,6 +19,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from pigeon.queue.state import IN_MEMORY
+
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 _LAG_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 # Every record type `Counts.outcome` is given (the README lists them): each is exposed from 0 on.
@@ -207,9 +209,15 @@ class _DeliveryCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         active, sites, sources = self._state()
-        gauge = GaugeMetricFamily("pigeon_active_messages", "Messages in memory, by state", labels=["state"])
-        for state, value in sorted(active.items()):
-            gauge.add_metric([state], value)
+        gauge = GaugeMetricFamily(
+            "pigeon_active_messages",
+            "Messages in memory (due, being routed or sent), by state; deferred mail waits in the spool",
+            labels=["state"],
+        )
+        # Every state, 0 when none is in it: a series that is not there gives an alert "no
+        # data", not 0 (a node whose mail is all deferred has none in memory).
+        for state in (*IN_MEMORY, *sorted(active.keys() - set(IN_MEMORY))):
+            gauge.add_metric([state], active.get(state, 0))
         yield gauge
         depth = GaugeMetricFamily("pigeon_ready_queue_messages", "Messages waiting in a ready queue", labels=["site"])
         connections = GaugeMetricFamily("pigeon_outbound_connections", "Open delivery connections", labels=["site"])

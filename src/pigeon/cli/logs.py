@@ -7,10 +7,11 @@ import datetime
 import functools
 import logging
 import math
+import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
@@ -20,13 +21,15 @@ from pigeon.delivery.classify import known_classes
 from pigeon.logs.peer_text import shown
 from pigeon.logs.reader import follow, merged_lines
 from pigeon.logs.records import RECORD_TYPES
-from pigeon.smtp.address import same_mailbox_key
+from pigeon.message import parse_id
+from pigeon.smtp.address import POSTMASTER_PATTERN, a_label, check, same_mailbox_key
 
 EXAMPLES = """examples:
   pigeon logs                          # every record so far, in the order written (see below)
   pigeon logs --follow                 # then keep printing new ones
   pigeon logs --type Rejection         # only refusals
   pigeon logs --recipient bob@example.com --since 2h   # what became of mail to Bob lately
+  pigeon logs --domain example.com --type Bounce       # bounces of mail to anyone at example.com
   pigeon logs --id 0000018c2f0a1b2c    # one message's whole story: reception, attempts, outcome,
                                        # and the DSN Pigeon wrote about it (its reception, delivery)
   pigeon logs --since 2026-12-05T09:00 --until 2026-12-05T10:00 --type Bounce
@@ -46,11 +49,16 @@ a Unix timestamp. --classification matches a record's bounce class (Bounce, Tran
 Held) without regard to case, as --type does its type. Addresses are compared without regard
 to case, and a domain written as its U-label (bücher.example) or its A-label
 (xn--bcher-kva.example) is one domain. --sender '' (or '<>') finds the null sender's records,
-not those that name no sender.
+not those that name no sender. --domain is the recipients' domain (a record with a recipient
+there: its attempts, its message's reception, a refused RCPT), that domain alone (not its
+subdomains), as `pigeon bounce --domain` selects mail; for a sender's domain, use jq:
+  pigeon logs | jq -c 'select(.sender // "" | ascii_downcase | endswith("@example.com"))'
 
 Exits 0; 2 for a usage error: no log directory where --dir or [log] path says, an unknown --type
-or --classification (with -c, those of its [delivery] bounce_rules files are known too), a time
-it cannot read, an --until not after --since, --until with --follow.
+or --classification (with -c, those of its [delivery] bounce_rules files are known too), an
+--id that is not 16 hex digits, a --recipient or --sender that is not local@domain, a --domain
+that is not a domain (each would match nothing, for ever), a time it cannot read, an --until
+not after --since, --until with --follow.
 """
 
 
@@ -82,13 +90,20 @@ def register(commands: Any) -> None:
         "--id",
         action="append",
         metavar="ID",
-        help="only records of this message id, and of the DSN Pigeon wrote about it; may be repeated",
+        help="only records of this message id (16 hex digits), and of the DSN Pigeon wrote about it; may be repeated",
     )
     parser.add_argument(
         "--recipient",
         action="append",
         metavar="ADDRESS",
-        help="only records about this recipient (its attempts, its message's reception); may be repeated",
+        help="only records about this recipient, local@domain (its attempts, its message's reception); may be repeated",
+    )
+    parser.add_argument(
+        "--domain",
+        action="append",
+        metavar="DOMAIN",
+        help="only records about a recipient at this domain (not its subdomains; not the sender's), "
+        "in any case; may be repeated",
     )
     parser.add_argument(
         "--sender",
@@ -114,8 +129,10 @@ class _Filter:
         since: float | None,
         until: float | None,
         classifications: set[str] | None = None,
+        domains: set[str] | None = None,
     ) -> None:
         self.types, self.ids, self.recipients, self.senders = types, ids, recipients, senders
+        self.domains = domains or set()  # as `a_label` writes them
         self.since, self.until = since, until
         self.classifications = classifications or set()  # lower case
         self.rewritten: set[str] = set()
@@ -161,12 +178,14 @@ class _Filter:
                 not self.rewritten or str(record.get("id") or "").lower() not in self.rewritten
             ):
                 return False
-        if self.recipients:
+        if self.recipients or self.domains:
             named = record.get("recipients")
             addresses = [*named] if isinstance(named, list) else []
             if isinstance(one := record.get("recipient"), str):
                 addresses.append(one)
-            if not any(isinstance(a, str) and address_key(a) in self.recipients for a in addresses):
+            if self.recipients and not any(isinstance(a, str) and address_key(a) in self.recipients for a in addresses):
+                return False
+            if self.domains and not any(isinstance(a, str) and domain_key(a) in self.domains for a in addresses):
                 return False
         return True
 
@@ -178,6 +197,52 @@ def address_key(address: str) -> str:
     (`bob@bücher.example` is `bob@xn--bcher-kva.example`), as every other door takes them.
     (Cached: a log names the same few addresses over and over, and IDNA is slow.)"""
     return same_mailbox_key(address.strip().strip("<>")).lower()
+
+
+@functools.lru_cache(maxsize=4096)
+def domain_key(address: str) -> str:
+    """The domain of an address in a record, as `a_label` writes it ("" for none: a bare
+    postmaster)."""
+    local, at, domain = address.strip().strip("<>").rpartition("@")
+    return a_label(domain) if at and local else ""
+
+
+_ID_FORM: Final = "an id is 16 hex digits, as the 250 reply (queued as), pigeon inspect and the log show it"
+
+
+def _form_problem(option: str, value: str) -> str | None:
+    """Why a filter's value can never match a record (not of the form the records write), or
+    None. An empty answer would read as "no such mail", for ever: it is a usage error."""
+    if option == "--id":
+        try:
+            parse_id(value.strip())
+        except ValueError:
+            return f"--id {value!r} is not a message id: {_ID_FORM}"
+        return None
+    bare = value.strip()
+    if option == "--domain":
+        local, at, domain = bare.rpartition("@")
+        if at and local:
+            return f"--domain {value!r} is not a domain: for one recipient, give --recipient {bare}"
+        if at and domain and check(f"postmaster@{domain}") is None:
+            return f"--domain {value!r} is not a domain: give it alone, --domain {domain}"
+        if at or check(f"postmaster@{domain}") is not None:
+            return f"--domain {value!r} is not a domain (example.com, or an address literal [192.0.2.1]; no globs)"
+        return None
+    address = bare[1:-1] if bare.startswith("<") and bare.endswith(">") else bare
+    if option == "--sender" and address == "":
+        return None  # the null sender
+    if re.fullmatch(POSTMASTER_PATTERN, address) is not None:
+        return None  # RCPT TO:<postmaster>, with no domain (RFC 5321 4.5.1)
+    if address and check(address) is None:
+        return None
+    form = "local@domain, or '' for the null sender" if option == "--sender" else "local@domain"
+    local, at, domain = address.rpartition("@")
+    if option == "--recipient" and not local and check(f"postmaster@{domain}") is None:
+        return (
+            f"--recipient {value!r} is not an address ({form}): for every recipient at a domain, give --domain {domain}"
+        )
+    return f"{option} {value!r} is not an address ({form})"
 
 
 def _when(text: str, now: float) -> float:
@@ -248,6 +313,12 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
+    for option, values in (("--id", args.id), ("--recipient", args.recipient), ("--sender", args.sender),
+                           ("--domain", args.domain)):  # fmt: skip
+        for value in values or ():
+            if (problem := _form_problem(option, value)) is not None:
+                print(f"pigeon: {problem}", file=sys.stderr)
+                return 2
     if args.until is not None and args.follow:
         print("pigeon: --until ends what --follow would keep printing: give one of them", file=sys.stderr)
         return 2
@@ -275,6 +346,7 @@ def run(args: argparse.Namespace) -> int:
         since,
         until,
         {value.strip().lower() for value in args.classification or ()},
+        {a_label(value.strip()) for value in args.domain or ()},
     )
     # The reader's warnings (a damaged segment) as the command's own, not as a daemon's log line.
     said = logging.StreamHandler(sys.stderr)

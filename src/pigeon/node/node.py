@@ -50,7 +50,7 @@ from pigeon.logs.outbox import Outbox, finish_outbox, recover_outbox_lines
 from pigeon.logs.records import Quarantine
 from pigeon.logs.writer import LogWriter
 from pigeon.message import format_id
-from pigeon.metrics import LogState, Metrics
+from pigeon.metrics import DeliveryState, LogState, Metrics
 from pigeon.node import collector, signals
 from pigeon.node.config_warnings import config_warnings
 from pigeon.node.descriptors import open_files_limit, share
@@ -272,6 +272,10 @@ class Node:
                 self._consuming = asyncio.create_task(
                     self.broadcast.consume(self._apply, self.outbound.admin.adopt), name="admin stream"
                 )
+        else:
+            # Nothing is loaded to be sent: the delivery gauges say 0 (no series would be "no
+            # data" to an alert), as a node whose mail is all deferred says it.
+            self.metrics.track_delivery(_nothing_in_delivery)
         tls_context = _tls_context(config)
         passwords = PasswordFile.load(smtp.auth_users) if smtp.auth_users is not None else None
         auth_throttle, client_connections = _client_limits(config, self.worker, self._workers)
@@ -902,6 +906,11 @@ class _Reading:
     passwords: PasswordFile | None
     signers: Signers | None
     policy: PolicyModule | PolicyLoadError | None  # None: not imported (`_take_handed`: `start` imports it)
+
+
+def _nothing_in_delivery() -> DeliveryState:
+    """/metrics' delivery state of a node that delivers nothing (`[delivery] enabled = false`)."""
+    return {}, [], []
 
 
 def _in_thread(function: Callable[[], T], name: str) -> asyncio.Future[T]:

@@ -896,19 +896,14 @@ class Supervisor:
             workers.append(detail)
         mine = [DEGRADED] if self._reload_problem is not None else []
         status = STOPPING if self._stopping else worst([*(w["status"] for w in workers), *mine])
-        spools = [w["spool"] for w in workers if "spool" in w]
-        spool: dict[str, Any] = {
-            "status": worst(s.get("status", OK) for s in spools),
-            "messages": sum(s.get("messages", 0) for s in spools),
-        }
-        uncounted = [w["worker"] for w in workers if "spool" not in w]
-        if uncounted:  # a worker down: its shard's mail is still there, only not counted here
-            spool["uncounted"] = uncounted
         body = {
             "status": status,
             "node": self.config.node.name,
-            "spool": spool,
-            "smtp": {"connections": sum(w.get("smtp", {}).get("connections", 0) for w in workers)},
+            # As a node of one worker says them, so that a probe reading `.log.status` works
+            # on either: each the worst of the workers', its counts added up.
+            "spool": _merged_component(workers, "spool", ("messages",)),
+            "smtp": _merged_component(workers, "smtp", ("connections",)),
+            "log": _merged_component(workers, "log", ("pending", "unlogged", "unconfirmed", "lost")),
             "workers": workers,
         }
         inbound = {name: state for w in workers for name, state in w.get("inbound", {}).items()}
@@ -924,8 +919,9 @@ class Supervisor:
         configs = [w["config"] for w in workers if "config" in w]
         if self._reload_problem is not None:  # (the file did not load: every worker's reload failed)
             configs.insert(0, {"status": DEGRADED, "error": self._reload_problem})
-        if configs:  # a reload that failed on any worker: the node runs what it ran before
-            body["config"] = next((c for c in configs if c.get("status") != OK), configs[0])
+        # A reload that failed on any worker: the node runs what it ran before. (No worker
+        # answering: the configuration this process runs is the node's, loaded or not.)
+        body["config"] = next((c for c in configs if c.get("status") != OK), configs[0] if configs else {"status": OK})
         shaping = [w["shaping"] for w in workers if "shaping" in w]
         if shaping:  # a worker that falls back keeps to the node's share: the node says so
             worst_one = max(shaping, key=lambda s: (s.get("status") != OK, s.get("mode") == "fallback"))
@@ -1413,6 +1409,25 @@ def _known_down(worker: Worker) -> bool:
     (killed, crashed: restarting), or has not answered since it was started."""
     process = worker.process
     return process is None or process.returncode is not None or not worker.ready
+
+
+def _merged_component(workers: list[dict[str, Any]], name: str, counts: tuple[str, ...]) -> dict[str, Any]:
+    """A component of the node's /healthz made of its workers' (`name` in each answer): the
+    worst `status` (a worker's `error` with it: the first worst one's), each of `counts` added
+    up, and `uncounted` naming the workers that did not answer (a worker down: its shard's mail
+    is still there, only not counted here)."""
+    parts = [w[name] for w in workers if isinstance(w.get(name), dict)]
+    status = worst(part.get("status", OK) for part in parts)
+    merged: dict[str, Any] = {"status": status}
+    error = next((part["error"] for part in parts if part.get("status", OK) == status and "error" in part), None)
+    if error is not None:
+        merged["error"] = error
+    for count in counts:
+        merged[count] = sum(part.get(count, 0) for part in parts)
+    uncounted = [w["worker"] for w in workers if not isinstance(w.get(name), dict)]
+    if uncounted:
+        merged["uncounted"] = uncounted
+    return merged
 
 
 def _why_down(worker: Worker) -> str:

@@ -67,6 +67,9 @@ class State(enum.Enum):
 
 
 _TERMINAL: Final = frozenset({State.DELIVERED, State.BOUNCED, State.EXPIRED, State.ADMIN_BOUNCED})
+IN_MEMORY: Final = tuple(state.value for state in State if state not in _TERMINAL)
+"""The states a message in memory can be in (a terminal one leaves memory as it reaches it):
+`pigeon_active_messages{state}` has a sample for each, 0 when none holds a message."""
 
 # Which state may follow which. Looking the move up is the validation; a move nobody makes is
 # not in the table.

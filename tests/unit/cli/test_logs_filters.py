@@ -297,3 +297,83 @@ def test_the_help_and_the_readme_say_records_come_in_the_order_written_not_sorte
     readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
     assert "prints all of them in\norder" not in readme
     assert "`timestamp` may step back by a fraction of a second" in readme
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--recipient", "bounce.test"], "--recipient 'bounce.test' is not an address (local@domain)"),
+        (["--recipient", "@bounce.test"], "give --domain bounce.test"),
+        (["--recipient", "not an address"], "is not an address (local@domain)"),
+        (["--recipient", ""], "is not an address (local@domain)"),
+        (["--sender", "shop"], "--sender 'shop' is not an address (local@domain, or '' for the null sender)"),
+        (["--id", "xyz"], "--id 'xyz' is not a message id: an id is 16 hex digits"),
+        (["--id", "0000018c2f0a1b2c0"], "is not a message id"),
+        (["--domain", "@bounce.test"], "--domain '@bounce.test' is not a domain: give it alone, --domain bounce.test"),
+        (["--domain", "bob@bounce.test"], "give --recipient bob@bounce.test"),
+        (["--domain", "*.bounce.test"], "is not a domain (example.com, or an address literal [192.0.2.1]; no globs)"),
+        (["--domain", ""], "is not a domain"),
+    ],
+)
+def test_a_filter_value_that_could_never_match_is_a_usage_error_saying_the_form(
+    tmp_path: Path, args: list[str], said: str
+) -> None:
+    # Found from outside: `--recipient bounce.test`, `--recipient @bounce.test`, `--id xyz`
+    # printed nothing and exited 0, which reads as "no such mail", for ever.
+    _write(tmp_path, time.time())
+    result = _logs(tmp_path, *args)
+    assert result.returncode == 2 and result.stdout == ""
+    assert said in result.stderr, result.stderr
+
+
+def test_the_forms_every_door_takes_are_still_taken(tmp_path: Path) -> None:
+    _write(tmp_path, time.time())
+    for args in (
+        ["--recipient", "Postmaster"],
+        ["--recipient", '"a b"@example.com'],
+        ["--sender", "<>"],
+        ["--recipient", " <bob@example.com> "],
+        ["--domain", "[127.0.0.1]"],
+        ["--domain", "bücher.example"],
+    ):
+        result = _logs(tmp_path, *args)
+        assert result.returncode == 0, (args, result.stderr)
+
+
+def test_a_domain_filter_finds_every_recipients_records_at_that_domain(tmp_path: Path) -> None:
+    # "Everything for this domain": the recipients' domain, in any case and label form; not
+    # the sender's (as `pigeon bounce --domain` selects mail by its recipients' domain).
+    now = time.time()
+    _write_records(
+        tmp_path,
+        [
+            {"type": "Reception", "id": "00000000000000f1", "timestamp": now - 9, "sender": "a@bounce.test",
+             "recipients": ["x@Bounce.Test", "y@other.test"]},
+            {"type": "Bounce", "id": "00000000000000f1", "timestamp": now - 8, "sender": "a@bounce.test",
+             "recipient": "x@Bounce.Test"},
+            {"type": "Delivery", "id": "00000000000000f1", "timestamp": now - 8, "sender": "a@bounce.test",
+             "recipient": "y@other.test"},
+            {"type": "Reception", "id": "00000000000000f2", "timestamp": now - 7, "sender": "b@bounce.test",
+             "recipients": ["z@sub.bounce.test"]},
+            {"type": "Rejection", "timestamp": now - 6, "session": "s", "command": "RCPT",
+             "recipients": ["q@bounce.test"]},
+            {"type": "Reception", "id": "00000000000000f3", "timestamp": now - 5,
+             "recipients": ["u@xn--bcher-kva.example"]},
+        ],
+    )  # fmt: skip
+    assert _shown(tmp_path, "--domain", "BOUNCE.test") == [
+        ("Reception", "00000000000000f1"),
+        ("Bounce", "00000000000000f1"),
+        ("Rejection", ""),
+    ]
+    assert _shown(tmp_path, "--domain", "bounce.test", "--type", "Bounce") == [("Bounce", "00000000000000f1")]
+    assert _shown(tmp_path, "--domain", "bücher.example") == [("Reception", "00000000000000f3")]
+    assert len(_shown(tmp_path, "--domain", "sub.bounce.test", "--domain", "other.test")) == 3
+
+
+def test_the_help_and_the_readme_describe_the_domain_filter() -> None:
+    from pigeon.cli.logs import EXAMPLES
+
+    assert "--domain" in EXAMPLES
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    assert "`--domain DOMAIN` (the recipients' domain" in readme
