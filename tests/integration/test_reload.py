@@ -39,12 +39,14 @@ def _starttls(port: int) -> tuple[smtplib.SMTP, bytes]:
 
 
 def _hangup(pigeon: PigeonProcess, outcome: str, workers: int = 1) -> None:
-    """SIGHUP, then wait until every worker logged `outcome` ("reloaded:" or "reload failed")."""
+    """SIGHUP, then wait until every worker logged `outcome` ("reloaded:" or "reload failed"; the
+    supervisor of several says the latter too, and is not counted)."""
     assert pigeon.process is not None
-    before = pigeon.stderr().count(outcome)
+    said = f"pigeon.node.node: {outcome}"
+    before = pigeon.stderr().count(said)
     pigeon.process.send_signal(signal.SIGHUP)
     deadline = time.monotonic() + 10
-    while pigeon.stderr().count(outcome) < before + workers:
+    while pigeon.stderr().count(said) < before + workers:
         assert time.monotonic() < deadline, pigeon.stderr()
         time.sleep(0.05)
 
@@ -114,6 +116,21 @@ def test_a_failed_reload_shows_in_healthz_until_a_reload_succeeds(tmp_path: Path
         _hangup(pigeon, "reloaded:", workers)
         status, health = pigeon.http_call("GET", "/healthz")
         assert (status, health["status"], health["config"]) == (200, "ok", {"status": "ok"}), health
+
+
+def test_a_reload_whose_file_does_not_load_is_an_error_in_the_supervisor_s_log_saying_why_first(
+    tmp_path: Path,
+) -> None:
+    # As each worker says it: an operator (or an alert on ERROR) reads the supervisor's line too.
+    with PigeonProcess(tmp_path / "node", node={"workers": 2}) as pigeon:
+        pigeon.config_path.write_text("[smtp\n")
+        _hangup(pigeon, "reload failed", workers=2)
+        said = [line for line in pigeon.stderr().splitlines() if "pigeon.node.supervisor: reload" in line]
+        failed = [line for line in said if "not valid TOML" in line]
+        assert len(failed) == 1, said
+        assert " main ERROR pigeon.node.supervisor: reload failed; the running configuration stays: " in failed[0]
+        why, side_note = failed[0].index("not valid TOML"), failed[0].index("a worker started again")
+        assert why < side_note, failed[0]
 
 
 def test_sighup_takes_new_smtp_users_and_a_removed_user_s_open_session_loses_its_auth(tmp_path: Path) -> None:

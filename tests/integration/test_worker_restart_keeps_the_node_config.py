@@ -244,7 +244,7 @@ def test_a_reload_that_did_not_load_is_still_reported_after_the_workers_restart(
         _edit(pigeon, "spool", colour="red")
         assert pigeon.process is not None
         pigeon.process.send_signal(signal.SIGHUP)
-        pigeon.wait_stderr("reload failed", count=2)
+        pigeon.wait_stderr("pigeon.node.node: reload failed", count=2)  # (the supervisor's own not counted)
         _kill_worker_1(pigeon, 0)
         _kill_worker_1(pigeon, 1)
         status, body = pigeon.http_get("/healthz")

@@ -183,7 +183,8 @@ class Worker:
         self.answered = 0.0
         """When (monotonic) it first and last answered since it was started (if `ready`)."""
         self.reload_asked = False
-        """A SIGHUP came while it was starting: it is sent one once ready (`Supervisor.reload`)."""
+        """A SIGHUP came while it was starting: it is sent one once ready (`Supervisor.reload`);
+        should that start fail instead, the next one is at once (`Supervisor._watch`)."""
         self.behind = 0
         """It missed a change to the node's standing rules: it is handed them once it answers, as
         they are once the supervisor has counted this many changes, or later (0: it lacks none)."""
@@ -445,9 +446,11 @@ class Supervisor:
         except Exception as error:  # (not only ConfigError: a defect must not end the SIGHUP's handling)
             if not isinstance(error, ConfigError):
                 _log.exception("reload: reading the configuration failed (a defect in Pigeon: please report it)")
-            _log.info(
-                "reload: a worker started again from now on runs the configuration of the last reload that "
-                "loaded, as the others go on doing: %s",
+            # Said as each worker says it (`pigeon.node.node`): what failed and why first; then
+            # what it means for a worker started again, which reads no file of its own.
+            _log.error(
+                "reload failed; the running configuration stays: %s; a worker started again from now on runs "
+                "it too (as of the last reload that loaded), as the others go on doing",
                 error,
             )
             self._reload_problem = f"the last reload failed, the configuration before it runs: {error}"
@@ -619,7 +622,19 @@ class Supervisor:
                 backoff = _FIRST_BACKOFF  # it ran fine: a crash, not a crash loop
             # Read now: the next start removes what the worker wrote (`failure_path`).
             worker.ended = exit_reason(worker, status)
-            _log.error("worker %d %s; restarting in %.0fs", worker.index, worker.ended, backoff)
+            if worker.reload_asked:
+                # A SIGHUP came after this start began, when the worker may have read the files
+                # already, before the operator fixed them: "try again" for it as for a worker
+                # waiting (`reload`), which it would have been had it failed a moment sooner.
+                worker.try_again.set()
+            if worker.try_again.is_set():
+                _log.error(
+                    "worker %d %s; restarting now: a reload came since it was started, which may have fixed "
+                    "what it could not start on",
+                    worker.index, worker.ended,
+                )  # fmt: skip
+            else:
+                _log.error("worker %d %s; restarting in %.0fs", worker.index, worker.ended, backoff)
             await self._wait_to_restart(worker, backoff)
             backoff = min(backoff * 2, _LAST_BACKOFF)
             while True:
