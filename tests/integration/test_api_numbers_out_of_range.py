@@ -61,22 +61,25 @@ def _assert_no_traceback(node: PigeonProcess) -> None:
     assert "RecursionError" not in stderr and "Traceback" not in stderr, stderr[-3000:]
 
 
+_PLACES = [
+    ("recipient", "$.recipients[0].substitutions.x"),
+    ("top", '$.substitutions["s p"]'),
+    ("metadata", "$.recipients[0].metadata.w"),
+    ("nested", "$.recipients[0].substitutions.x.y[1]"),
+]
+_DOORS = [
+    (path, where, field)
+    for path in ("/api/v1/inject", "/api/inject/v1")
+    for where, field in _PLACES
+    if not (path == "/api/inject/v1" and where == "metadata")  # (KumoMTA's request has no metadata)
+]
+
+
 @pytest.mark.parametrize("number", NUMBERS)
-@pytest.mark.parametrize(
-    ("where", "field"),
-    [
-        ("recipient", "$.recipients[0].substitutions.x"),
-        ("top", '$.substitutions["s p"]'),
-        ("metadata", "$.recipients[0].metadata.w"),
-        ("nested", "$.recipients[0].substitutions.x.y[1]"),
-    ],
-)
-@pytest.mark.parametrize("path", ["/api/v1/inject", "/api/inject/v1"])
+@pytest.mark.parametrize(("path", "where", "field"), _DOORS)
 def test_a_number_out_of_range_in_an_injection_is_refused_naming_its_member(
     node: PigeonProcess, path: str, where: str, field: str, number: str
 ) -> None:
-    if path == "/api/inject/v1" and where == "metadata":
-        pytest.skip("KumoMTA's request has no metadata")
     status, answer = node.http_post(path, None, INJECT, raw=_inject_body(number, where=where))
     assert (status, answer["field"]) == (400, field), answer
     assert "number out of range" in answer["error"], answer
