@@ -231,3 +231,35 @@ def test_a_domain_with_an_mx_host_missing_and_another_failing_for_now_is_deferre
         samples = _samples(pigeon)
         assert samples[f'pigeon_site_recipients_total{{outcome="TransientFailure",site="{flaky_site}"}}'] >= 2
         assert samples['pigeon_site_recipients_total{outcome="TransientFailure",site="-"}'] >= 2
+
+
+def test_a_domain_created_after_mail_to_it_bounced_as_nxdomain_gets_mail_once_its_negative_ttl_is_past(
+    tmp_path: Path,
+) -> None:
+    # Found from outside: the NXDOMAIN was kept 60 seconds whatever the zone's SOA said, so a
+    # domain made moments after mail to it bounced lost its mail for a minute. RFC 2308: the
+    # negative answer is kept for the SOA's negative TTL (here 5 s, the least Pigeon keeps).
+    port = free_port()
+    zone = Zone(negative_ttl=5)
+    with (
+        DnsServer(zone) as dns,
+        ScriptedSink(host="127.0.0.4", port=port) as sink,
+        _node(tmp_path, dns, port) as pigeon,
+    ):
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.sendmail("a@example.org", ["n0@neg2.test"], b"Subject: n0\r\n\r\nhi\r\n")
+        (bounce,) = wait_until(lambda: _terminal(pigeon))
+        assert bounce["type"] == "Bounce" and bounce["response"]["enhanced"] == "5.1.2", bounce
+        zone.records["neg2.test"] = [("MX", 10, "mx.neg2.test")]
+        zone.records["mx.neg2.test"] = [("A", "127.0.0.4")]
+
+        def delivered() -> list[dict[str, object]] | None:
+            # A message every second until one is delivered: none bounces once 5 s are past.
+            with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+                client.sendmail("a@example.org", ["n1@neg2.test"], b"Subject: n1\r\n\r\nhi\r\n")
+            return [r for r in _terminal(pigeon) if r["type"] == "Delivery"] or None
+
+        wait_until(delivered, timeout=20, interval=1.0)
+        mx_queries = [q for q in dns.zone.queries if q == ("neg2.test", "MX")]
+        assert len(mx_queries) == 2, dns.zone.queries  # asked again once the 5 s were past, not before
+        assert sink.received

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from dnslib import AAAA, CNAME, MX, QTYPE, RCODE, RR, TLSA, TXT, A, DNSRecord
+from dnslib import AAAA, CNAME, MX, QTYPE, RCODE, RR, SOA, TLSA, TXT, A, DNSRecord
 from dnslib.server import BaseResolver, DNSLogger, DNSServer
 
 
@@ -28,6 +28,9 @@ class Zone:
     delays: dict[str, tuple[float, float]] = field(default_factory=dict)
     """name -> (least, most) seconds to wait before answering, at random (each query in its thread)."""
     seed: int = 0
+    negative_ttl: int | None = None
+    """With it, a negative answer (NXDOMAIN, or no record of the type asked) carries an SOA record
+    (of the name's top-level domain) whose MINIMUM it is, its TTL `ttl` (RFC 2308 3)."""
 
 
 class _Resolver(BaseResolver):  # type: ignore[misc]
@@ -60,6 +63,7 @@ class _Resolver(BaseResolver):  # type: ignore[misc]
             reply.header.ad = 1
         if records is None:
             reply.header.rcode = RCODE.NXDOMAIN
+            self._negative(reply, name)
             return reply
         for record in records:
             if record[0] != kind:
@@ -78,7 +82,16 @@ class _Resolver(BaseResolver):  # type: ignore[misc]
             else:
                 rdata = AAAA(record[1])
             reply.add_answer(RR(name + ".", QTYPE.reverse[kind], rdata=rdata, ttl=self.zone.ttl))
+        if not reply.rr:
+            self._negative(reply, name)
         return reply
+
+    def _negative(self, reply: DNSRecord, name: str) -> None:
+        minimum = self.zone.negative_ttl
+        if minimum is not None:
+            top = name.rsplit(".", 1)[-1] + "."
+            soa = SOA("ns." + top, "hostmaster." + top, (1, 3600, 600, 86400, minimum))
+            reply.add_auth(RR(top, QTYPE.SOA, rdata=soa, ttl=self.zone.ttl))
 
 
 class DnsServer:

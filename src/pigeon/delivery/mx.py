@@ -11,8 +11,12 @@ Each nameserver is asked in turn (`Resolver._ask`): one that does not answer wit
 of the lookup's timeout, or fails the query (SERVFAIL, REFUSED), has the next one asked; an
 answer (NXDOMAIN too) ends the lookup, as with libc and dnspython.
 
-Answers, including negative ones, are cached for their TTL (bounded below and above), so
-lookups happen per domain per TTL, not per message. Tests point the resolver at a DNS
+Answers are cached for their TTL, negative ones (NXDOMAIN, no record of the type) for the
+negative TTL of the SOA record in their authority section (RFC 2308 5: the lesser of its TTL
+and MINIMUM field; 60 seconds when there is none), all bounded below and above (5 seconds, an
+hour), so lookups happen per domain per TTL, not per message. Questions go over UDP with
+EDNS0 offering 1232-octet answers (without EDNS to a server that answers FORMERR to it); a
+truncated answer is asked again over TCP at once. Tests point the resolver at a DNS
 server of their own on loopback: Pigeon never needs the system resolver to be sane.
 
 With `dnssec` (`[dane] enabled`), every question carries the DO bit, and each answer is
@@ -33,6 +37,7 @@ from typing import Any, Final, cast
 import dns.asyncresolver
 import dns.exception
 import dns.flags
+import dns.message
 import dns.nameserver
 import dns.rcode
 import dns.rdatatype
@@ -44,7 +49,8 @@ from pigeon.smtp.replies import Reply
 
 _MIN_TTL: Final = 5.0
 _MAX_TTL: Final = 3600.0
-_NEGATIVE_TTL: Final = 60.0
+_NEGATIVE_TTL: Final = 60.0  # a negative answer without an SOA record to say how long (RFC 2308 5)
+_PAYLOAD: Final = 1232  # the UDP answer size EDNS0 offers: the DNS flag day 2020's
 _FAILURE_TTL: Final = 10.0  # a transient failure is remembered briefly, to not hammer a broken server
 _SLOW_FOR: Final = 60.0  # a nameserver that did not answer in time is asked last for this long
 
@@ -98,6 +104,39 @@ def _resolv_conf_options(path: str) -> ResolvConfOptions:
             else:
                 attempts = min(max(int(value), 1), 5)
     return ResolvConfOptions(timeout, attempts)
+
+
+def _negative_ttl(response: Any) -> float | None:
+    """RFC 2308 5: how long a negative answer (a dnspython message) may be cached, the lesser
+    of the TTL of the SOA record in its authority section and that record's MINIMUM field;
+    None without one."""
+    for rrset in response.authority:
+        if rrset.rdtype == dns.rdatatype.SOA and len(rrset):
+            return float(min(rrset.ttl, rrset[0].minimum))
+    return None
+
+
+def _every_server_said(errors: list[Any]) -> str:
+    """What the name servers said when none gave an answer (dnspython's NoNameservers), in
+    plain words: "SERVFAIL from every name server"."""
+    said: list[str] = []
+    for error in errors:
+        what = error[3] if len(error) > 3 else None
+        if isinstance(what, str):
+            text = what  # an rcode: SERVFAIL, REFUSED...
+        elif isinstance(what, dns.message.Truncated):
+            text = "a truncated answer"
+        elif isinstance(what, (dns.exception.FormError, EOFError)):
+            text = "a malformed answer"
+        elif isinstance(what, OSError):
+            text = what.strerror or "a network error"
+        else:
+            text = str(what) or "no usable answer"
+        if text not in said:
+            said.append(text)
+    if not said:
+        return "no usable answer from any name server"
+    return f"{said[0]} from every name server" if len(said) == 1 else ", ".join(said) + " from the name servers"
 
 
 class DnsFailure(Unroutable):
@@ -175,8 +214,7 @@ class Resolver:
         # DO asks a validating resolver to say (AD) whether it validated the answer (RFC 3225,
         # 4035 3.2.3): DANE's question. Without it no answer is taken as secure, AD or not.
         self._dnssec = dnssec
-        if dnssec:
-            self._resolver.use_edns(0, dns.flags.DO, 1232)
+        self._resolver.use_edns(0, dns.flags.DO if dnssec else 0, _PAYLOAD)
         # The nameservers, asked directly for the plain cases (`dnswire`); dnspython asks for
         # the rest, and for every case when one is not an address on port 53 (DoH...).
         servers: list[tuple[str, int]] = []
@@ -337,38 +375,39 @@ class Resolver:
     async def _resolve(self, name: str, kind: str) -> _Found:
         """`_lookup`'s question, asked: the answer is cached (a failure too, for a while)."""
         key = (name, kind)
+        tcp = False
         if self._servers:
             try:
                 plain = await self._ask(name, kind)
             except TimeoutError:
-                failure = DnsFailure(Reply(451, "4.4.3", (f"DNS lookup of {kind} {name} failed: LifetimeTimeout",)))
-                self._remember(key, failure, _FAILURE_TTL)
-                raise failure from None
-            if plain is not None:
+                raise self._failed(key, f"timed out after {self._timeout:g}s") from None
+            if plain is not None and plain.truncated:
+                tcp = True  # (the answer does not fit in a datagram: asking over UDP again is no use)
+            elif plain is not None:
                 return self._plain(key, plain)
         try:
-            answer = await self._dnspython().resolve(name, kind, raise_on_no_answer=False)
+            answer = await self._dnspython_resolve(name, kind, tcp)
         except dns.resolver.NXDOMAIN as error:
             failure = DnsFailure(Reply(550, "5.1.2", (f"domain {name} does not exist (NXDOMAIN)",)))
             failure.not_found = True
-            responses = cast(dict[Any, Any], error.responses()).values()  # type: ignore[no-untyped-call]
+            responses = list(cast(dict[Any, Any], error.responses()).values())  # type: ignore[no-untyped-call]
             failure.secure = self._dnssec and any(bool(r.flags & dns.flags.AD) for r in responses)
-            self._remember(key, failure, _NEGATIVE_TTL)
+            ttls = [ttl for ttl in map(_negative_ttl, responses) if ttl is not None]
+            self._remember(key, failure, min(ttls) if ttls else _NEGATIVE_TTL)
             raise failure from None
-        except (dns.exception.Timeout, dns.resolver.NoNameservers, dns.resolver.LifetimeTimeout) as error:
-            failure = DnsFailure(Reply(451, "4.4.3", (f"DNS lookup of {kind} {name} failed: {type(error).__name__}",)))
-            self._remember(key, failure, _FAILURE_TTL)
-            raise failure from None
+        except (dns.exception.Timeout, dns.resolver.LifetimeTimeout):
+            raise self._failed(key, f"timed out after {self._timeout:g}s") from None
+        except dns.resolver.NoNameservers as error:
+            raise self._failed(key, _every_server_said(error.kwargs.get("errors") or [])) from None
         except dns.exception.DNSException as error:
-            failure = DnsFailure(Reply(451, "4.4.3", (f"DNS lookup of {kind} {name} failed: {error}",)))
-            self._remember(key, failure, _FAILURE_TTL)
-            raise failure from None
+            raise self._failed(key, str(error)) from None
         rrset = answer.rrset
         secure = self._dnssec and bool(answer.response.flags & dns.flags.AD)
         canonical = answer.canonical_name.to_text(omit_final_dot=True).lower()
         expanded = canonical if canonical != name else None  # (a CNAME chain was followed: DANE's question)
         if rrset is None:
-            self._remember(key, None, _NEGATIVE_TTL, secure, expanded)
+            negative = _negative_ttl(answer.response)
+            self._remember(key, None, _NEGATIVE_TTL if negative is None else negative, secure, expanded)
             return None, secure
         if kind == "MX":
             value: list[Any] = [(r.preference, r.exchange.to_text(omit_final_dot=True).lower()) for r in rrset]
@@ -381,15 +420,40 @@ class Resolver:
         self._remember(key, value, float(rrset.ttl), secure, expanded)
         return value, secure
 
-    def _dnspython(self) -> dns.asyncresolver.Resolver:
+    def _failed(self, key: tuple[str, str], why: str) -> DnsFailure:
+        """A lookup that failed for now (a timeout, SERVFAIL), remembered briefly."""
+        name, kind = key
+        failure = DnsFailure(Reply(451, "4.4.3", (f"DNS lookup of {kind} {name} failed: {why}",)))
+        self._remember(key, failure, _FAILURE_TTL)
+        return failure
+
+    async def _dnspython_resolve(self, name: str, kind: str, tcp: bool) -> dns.resolver.Answer:
+        """dnspython's answer (over TCP from the start with `tcp`); asked again without EDNS when
+        a server answered FORMERR, as one that knows no EDNS does (RFC 6891 7): dnspython
+        itself only drops such a server."""
+        try:
+            return await self._dnspython().resolve(name, kind, tcp=tcp, raise_on_no_answer=False)
+        except dns.resolver.NoNameservers as error:
+            if not any(said == "FORMERR" for _, _, _, said, *_ in error.kwargs.get("errors") or []):
+                raise
+        return await self._dnspython(edns=False).resolve(name, kind, tcp=tcp, raise_on_no_answer=False)
+
+    def _dnspython(self, *, edns: bool = True) -> dns.asyncresolver.Resolver:
         """dnspython, for what `dnswire` does not read: its servers in `_order`'s order when one
-        timed out lately, lest it wait for that one first (a CNAME answer after a dead server)."""
-        if not self._slow or len(self._servers) < 2:
+        timed out lately, lest it wait for that one first (a CNAME answer after a dead server);
+        without `edns`, one that sends no OPT record."""
+        if edns and (not self._slow or len(self._servers) < 2):
             return self._resolver
         ordered = dns.asyncresolver.Resolver(configure=False)
-        ordered.nameservers = [dns.nameserver.Do53Nameserver(host, port) for host, port in self._order()]
+        if self._servers:
+            ordered.nameservers = [dns.nameserver.Do53Nameserver(host, port) for host, port in self._order()]
+        else:
+            ordered.nameservers = self._resolver.nameservers
         ordered.timeout, ordered.lifetime = self._resolver.timeout, self._resolver.lifetime
-        ordered.use_edns(self._resolver.edns, self._resolver.ednsflags, self._resolver.payload)
+        if edns:
+            ordered.use_edns(self._resolver.edns, self._resolver.ednsflags, self._resolver.payload)
+        else:
+            ordered.use_edns(False)
         return ordered
 
     def _order(self) -> list[tuple[str, int]]:
@@ -448,22 +512,20 @@ class Resolver:
 
     def _plain(self, key: tuple[str, str], answer: dnswire.Answer) -> _Found:
         """What `_lookup` makes of an answer read by `dnswire`, as of dnspython's."""
-        name, kind = key
+        name = key[0]
+        negative = _NEGATIVE_TTL if answer.negative_ttl is None else float(answer.negative_ttl)
         if answer.rcode not in (dnswire.NOERROR, dnswire.NXDOMAIN):
-            # (as dnspython says it, once every nameserver failed)
             said = dns.rcode.to_text(dns.rcode.Rcode.make(answer.rcode))
-            failure = DnsFailure(Reply(451, "4.4.3", (f"DNS lookup of {kind} {name} failed: NoNameservers ({said})",)))
-            self._remember(key, failure, _FAILURE_TTL)
-            raise failure
+            raise self._failed(key, f"{said} from every name server")
         if answer.rcode == dnswire.NXDOMAIN:
             failure = DnsFailure(Reply(550, "5.1.2", (f"domain {name} does not exist (NXDOMAIN)",)))
             failure.not_found = True
             failure.secure = self._dnssec and answer.secure
-            self._remember(key, failure, _NEGATIVE_TTL)
+            self._remember(key, failure, negative)
             raise failure
         secure = self._dnssec and answer.secure
         if not answer.records:
-            self._remember(key, None, _NEGATIVE_TTL, secure)
+            self._remember(key, None, negative, secure)
             return None, secure
         self._remember(key, answer.records, float(answer.ttl), secure)
         return answer.records, secure

@@ -193,7 +193,7 @@ def test_a_rule_key_of_the_wrong_shape_is_a_rule_file_error(tmp_path: Path, text
         (reply(451, "4.4.1", "cannot connect to [192.0.2.1]:25: Connection refused"), "BadConnection"),
         (reply(451, "4.4.1", "not tried: mx.example.net is down"), "BadConnection"),
         (reply(451, "4.4.2", "mx.example.net [192.0.2.1]:25 closed the connection"), "BadConnection"),
-        (reply(451, "4.4.3", "DNS lookup of MX example.net failed: LifetimeTimeout"), "DNSFailure"),
+        (reply(451, "4.4.3", "DNS lookup of MX example.net failed: timed out after 5s"), "DNSFailure"),
         (reply(452, "4.5.3", "Too many recipients"), "TooManyRecipients"),
         (reply(451, "4.3.0", "try again later"), "Uncategorized"),
     ],

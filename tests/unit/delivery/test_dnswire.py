@@ -73,13 +73,16 @@ async def test_an_answer_to_another_question_is_ignored(server: Server) -> None:
     assert answer.records == ["192.0.2.1"]
 
 
-async def test_a_truncated_answer_is_left_to_dnspython(server: Server) -> None:
+async def test_a_truncated_answer_says_so_for_the_caller_to_ask_over_tcp(server: Server) -> None:
     def answering(query: DNSRecord) -> list[bytes]:
         reply = query.reply()
         reply.header.tc = 1
         return [bytes(reply.pack())]
 
-    assert await dnswire.ask(server(answering), "host.example", "A") is None
+    answer = await dnswire.ask(server(answering), "host.example", "A")
+    assert answer is not None
+    assert answer.truncated
+    assert answer.records == []
 
 
 async def test_no_answer_is_a_timeout(server: Server) -> None:

@@ -76,7 +76,7 @@ class _Addresses(Resolver):
 
     async def addresses(self, host: str) -> list[str]:
         if host not in self._table:
-            raise DnsFailure(Reply(451, "4.4.3", (f"DNS lookup of A {host} failed: LifetimeTimeout",)))
+            raise DnsFailure(Reply(451, "4.4.3", (f"DNS lookup of A {host} failed: timed out after 5s",)))
         return self._table[host]
 
 

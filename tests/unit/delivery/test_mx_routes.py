@@ -343,7 +343,7 @@ async def test_nameservers_that_never_answer_fail_the_lookup_within_its_timeout(
         await mx.exchangers("single.example")
     assert 0.5 < time.monotonic() - started < 0.9
     assert raised.value.reply.code == 451
-    assert "LifetimeTimeout" in raised.value.reply.lines[0]
+    assert raised.value.reply.lines[0] == "DNS lookup of MX single.example failed: timed out after 0.6s"
     assert (first.asked(), second.asked()) == (1, 1)
 
 
@@ -390,7 +390,7 @@ async def test_a_servfail_for_one_domain_leaves_its_nameserver_asked_for_the_oth
     with pytest.raises(DnsFailure) as raised:
         await mx.exchangers("servfail.example")
     assert raised.value.reply.code == 451
-    assert "LifetimeTimeout" not in raised.value.reply.lines[0]  # the server did answer: it failed the query
+    assert "timed out" not in raised.value.reply.lines[0]  # the server did answer: it failed the query
     started = time.monotonic()
     assert await mx.exchangers("mx.example") != []
     assert await mx.addresses("host.example") == ["192.0.2.1", "192.0.2.2", "2001:db8::1"]
