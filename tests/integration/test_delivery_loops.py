@@ -119,19 +119,68 @@ def _delivered_once(
         return delivery["peer"], len(sink.received), pigeon
 
 
-def test_the_next_mx_host_takes_the_mail_when_the_first_is_this_node(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "other_preference",
+    [20, 10],
+    ids=["a-less-preferred-host", "an-equally-preferred-host"],
+)
+def test_mail_whose_most_preferred_mx_host_is_this_node_bounces_as_a_loop(
+    tmp_path: Path, other_preference: int
+) -> None:
+    # RFC 5321 5.1: this node is an MX host of the domain, so only hosts more preferred than it
+    # may take the mail. The other host (another node with the same MX view) would send it back
+    # here: the two passed it to each other until max_hops refused it (554 5.4.6 Too many hops).
     port = free_port()
     zone = _zone(
         {
-            "loop.test": [("MX", 10, "mx1.loop.test"), ("MX", 20, "mx2.loop.test")],
+            "loop.test": [("MX", 10, "mx1.loop.test"), ("MX", other_preference, "mx2.loop.test")],
             "mx1.loop.test": [("A", "127.0.0.1")],  # this node
             "mx2.loop.test": [("A", "127.0.0.6")],
         }
     )
-    peer, received, pigeon = _delivered_once(tmp_path, zone, port, "127.0.0.6", "u@loop.test")
-    assert (peer, received) == (f"mx2.loop.test [127.0.0.6]:{port}", 1)
-    assert len(pigeon.records("Reception")) == 1
-    assert not pigeon.records("Bounce")
+    with (
+        DnsServer(zone) as dns,
+        ScriptedSink(host="127.0.0.5", port=port) as sink,
+        ScriptedSink(host="127.0.0.6", port=port) as backup,
+        _node(tmp_path, dns, port) as pigeon,
+    ):
+        _send(pigeon, "u@loop.test")
+        _bounced_as_a_loop(pigeon, sink, "loop.test", f"mx1.loop.test [127.0.0.1]:{port}")
+        assert backup.received == []
+
+
+def test_only_hosts_more_preferred_than_this_node_take_the_mail(tmp_path: Path) -> None:
+    # A more preferred host takes it; one less preferred than this node never does, even while
+    # the more preferred one is down: the mail waits (deferred) rather than going round.
+    port = free_port()
+    zone = _zone(
+        {
+            "up.test": [("MX", 10, "mx0.up.test"), ("MX", 20, "self.up.test"), ("MX", 30, "mx9.up.test")],
+            "down.test": [("MX", 10, "mx0.down.test"), ("MX", 20, "self.up.test"), ("MX", 30, "mx9.up.test")],
+            "mx0.up.test": [("A", "127.0.0.6")],
+            "mx0.down.test": [("A", "127.0.0.8")],  # nothing listens there
+            "self.up.test": [("A", "127.0.0.1")],  # this node
+            "mx9.up.test": [("A", "127.0.0.7")],
+        }
+    )
+    with (
+        DnsServer(zone) as dns,
+        ScriptedSink(host="127.0.0.6", port=port) as preferred,
+        ScriptedSink(host="127.0.0.7", port=port) as backup,
+        _node(tmp_path, dns, port) as pigeon,
+    ):
+        _send(pigeon, "u@up.test")
+        (delivery,) = wait_until(lambda: pigeon.records("Delivery"), timeout=10)
+        assert delivery["peer"] == f"mx0.up.test [127.0.0.6]:{port}"
+        _send(pigeon, "u@down.test")
+        (deferred, *_) = wait_until(lambda: pigeon.records("TransientFailure"), timeout=10)
+        assert deferred["recipient"] == "u@down.test"
+        assert "127.0.0.8" in deferred["response"]["text"], deferred
+        time.sleep(1.5)  # (a retry, at retry_interval 1s, goes nowhere else either)
+        assert len(preferred.received) == 1
+        assert backup.received == []
+        assert not pigeon.records("Bounce")
+        assert len(pigeon.records("Reception")) == 2
 
 
 def test_another_node_on_the_same_port_at_another_loopback_address_is_no_loop(tmp_path: Path) -> None:

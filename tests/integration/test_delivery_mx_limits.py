@@ -62,9 +62,8 @@ class Hosts:
 
 
 def _destination(hosts: Hosts, names: list[str]) -> Destination:
-    return Destination(
-        ",".join(sorted(set(names))), tuple(Hop(n, hosts.port) for n in names), TlsPolicy.DISABLED, False
-    )
+    hops = tuple(Hop(n, hosts.port, 10 * i) for i, n in enumerate(names))  # (in preference order)
+    return Destination(",".join(sorted(set(names))), hops, TlsPolicy.DISABLED, False)
 
 
 def _resolver(dns: DnsServer) -> Resolver:
@@ -146,7 +145,7 @@ async def test_two_hosts_that_greet_and_will_not_do_end_the_attempt_but_banner_r
             assert hosts.accepted == Counter({"127.0.0.40": 1, "127.0.0.41": 1})
             # Turned away at the banner (421): no session, the next host is tried.
             busy = Destination(
-                "x", tuple(Hop(f"127.0.0.{n}", hosts.port) for n in (50, 51, 52)), TlsPolicy.DISABLED, False
+                "x", tuple(Hop(f"127.0.0.{n}", hosts.port, n) for n in (50, 51, 52)), TlsPolicy.DISABLED, False
             )
             connection = await ClientConnection.open(busy, _resolver(dns), OPTIONS)
             assert connection.address == "127.0.0.52"

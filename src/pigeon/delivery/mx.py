@@ -2,7 +2,8 @@
 
 RFC 5321 5.1 and RFC 7505:
 
-* MX records, lowest preference first; equal preferences in random order (per lookup);
+* MX records, lowest preference first; equal preferences in random order (per lookup, and
+  again per connection: `routes.connection_order`);
 * no MX record: the domain itself is the one exchanger (implicit MX), if it has addresses;
 * a null MX (`0 .`): the domain accepts no mail, a permanent failure;
 * NXDOMAIN: a permanent failure; a timeout or SERVFAIL: a transient one.
@@ -137,6 +138,23 @@ def _every_server_said(errors: list[Any]) -> str:
     if not said:
         return "no usable answer from any name server"
     return f"{said[0]} from every name server" if len(said) == 1 else ", ".join(said) + " from the name servers"
+
+
+_ADDRESS_ORDER: Final = random.Random()
+
+
+def address_order(addresses: list[str], rng: random.Random = _ADDRESS_ORDER) -> list[str]:
+    """A host's `addresses` (IPv4 then IPv6, as `Resolver.addresses` gives them) in the order
+    to try them for one connection: each family's in a random order, IPv4 first still (as
+    Postfix's `smtp_randomize_addresses`), so that a host's load is spread over its addresses
+    rather than always falling on the first its DNS names."""
+    if len(addresses) < 2:
+        return addresses
+    four = [a for a in addresses if ":" not in a]
+    six = [a for a in addresses if ":" in a]
+    rng.shuffle(four)
+    rng.shuffle(six)
+    return four + six
 
 
 class DnsFailure(Unroutable):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +46,27 @@ class TlsPolicy(enum.Enum):
 class Hop:
     host: str  # a name (resolved at connect time) or an IP address
     port: int
+    # An MX host's preference (RFC 5321 5.1): hosts of equal preference are taken in a random
+    # order for each connection (`connection_order`), and this node's own decides which hosts
+    # are left to send to (`ClientConnection.open`). 0 for a route's next hop or an address
+    # literal. Not part of what a hop is (its equality): host and port are.
+    preference: int = field(default=0, compare=False)
+
+
+_ORDER: Final = random.Random()
+
+
+def connection_order(hops: tuple[Hop, ...], rng: random.Random = _ORDER) -> tuple[Hop, ...]:
+    """`hops` (in preference order) for one new connection: hosts of equal preference in a
+    random order each time (RFC 5321 5.1: they MUST be randomized to spread the load, as
+    Postfix does for each delivery), not once per cached destination, which sent every
+    connection of a site to one of them for as long as its destination was cached."""
+    if len(hops) < 2:
+        return hops
+    shuffled = list(hops)
+    rng.shuffle(shuffled)
+    shuffled.sort(key=lambda hop: hop.preference)  # (a stable sort: equal preferences stay shuffled)
+    return tuple(shuffled)
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,7 +313,7 @@ class Router:
         dane: bool = False,
         domain: str | None = None,
     ) -> Destination:
-        hops = tuple(Hop(e.host, self._port) for e in exchangers)
+        hops = tuple(Hop(e.host, self._port, e.preference) for e in exchangers)
         site = ",".join(sorted({e.host for e in exchangers}))
         if self._port != 25:
             site += f":{self._port}"

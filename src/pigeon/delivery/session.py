@@ -52,8 +52,8 @@ from typing import Final, cast
 from pigeon.delivery.dane import HostPolicy, LookupFailed, Mismatch, Record, check, host_policy, presented_chain
 from pigeon.delivery.loops import Listeners
 from pigeon.delivery.mta_sts import WARNINGS, Applied
-from pigeon.delivery.mx import DnsFailure, Resolver
-from pigeon.delivery.routes import Destination, Hop
+from pigeon.delivery.mx import DnsFailure, Resolver, address_order
+from pigeon.delivery.routes import Destination, Hop, connection_order
 from pigeon.delivery.tls_report import Counts, classify, note_lookup_failed, note_opened, note_refused
 from pigeon.delivery.warning_pace import WarningPace
 from pigeon.listener.tls import describe
@@ -149,8 +149,10 @@ class ConnectFailed(Exception):
 
 
 class LoopsBack(ConnectFailed):
-    """Every host of the destination is this node itself (one of its SMTP listeners: see
-    `pigeon.delivery.loops`): connecting would hand the mail back to us. `reply` is a
+    """No host of the destination is left to send to but this node itself (one of its SMTP
+    listeners: see `pigeon.delivery.loops`): every host is, or this node is the domain's most
+    preferred MX host (RFC 5321 5.1: the hosts it is, and all of its preference or higher, are
+    not sent to), and connecting would hand the mail back to us. `reply` is a
     permanent `554 5.4.6` naming the first such host; `reply_for(domain)` says it of a domain."""
 
     def __init__(self, site: str, peer: str) -> None:
@@ -159,6 +161,28 @@ class LoopsBack(ConnectFailed):
 
     def reply_for(self, domain: str) -> Reply:
         return Reply(554, "5.4.6", (f"mail for {domain} loops back to myself ({self.looped} is this node)",))
+
+
+async def _this_node_among(
+    hops: tuple[Hop, ...], upto: int, resolver: Resolver, own: Listeners
+) -> tuple[int, str] | None:
+    """The lowest preference, up to `upto`, of a hop one of whose addresses is this node's
+    listener, with that hop named as a peer is; None if none is (a hop whose lookup fails
+    cannot be told: it is not taken for this node, and is tried as any other)."""
+    for hop in sorted(hops, key=lambda hop: hop.preference):
+        if hop.preference > upto:
+            break
+        if _is_ip(hop.host):
+            addresses = [hop.host]
+        else:
+            try:
+                addresses = await resolver.addresses(hop.host)
+            except DnsFailure:
+                continue
+        mine = next((a for a in addresses if own.is_self(a, hop.port)), None)
+        if mine is not None:
+            return hop.preference, _peer(hop, mine)
+    return None
 
 
 class _NoConnection(ConnectFailed):
@@ -568,7 +592,11 @@ class ClientConnection:
         there would loop. Raises ConnectFailed with the last reason (a permanent `550 5.4.4`
         when the DNS said of every MX host that it has no address; after what the hosts tried
         did, why the others were not), `site_down` unless a host took the connection or was
-        left untried for a lookup that failed for now; LoopsBack if every hop is this node.
+        left untried for a lookup that failed for now; LoopsBack if no hop is left but this
+        node: every hop is, or (MX hosts) this node is one of the most preferred, as RFC 5321
+        5.1 leaves only the hosts more preferred than the client's own entry to send to.
+        MX hosts of equal preference are taken in a new random order each time, and each
+        host's addresses (IPv4 first) too: a site's connections spread over them.
 
         Within the limits, as Postfix's `smtp_mx_address_limit` and `smtp_mx_session_limit`:
         at most `mx_address_limit` addresses are tried, each once (an address several hosts
@@ -590,6 +618,16 @@ class ClientConnection:
         looped: str | None = None  # the first hop found to be this node, as a peer is named
         elsewhere = False  # whether any hop may be another node's (or could not be told: no address)
         hops = destination.hops
+        mx = destination.hops_from == "mx"
+        if mx:
+            hops = connection_order(hops)  # (equal preferences in a new random order: RFC 5321 5.1)
+        # RFC 5321 5.1: a client that is one of the MX hosts sends only to those more preferred
+        # than its own most preferred entry (Postfix's "loops back to myself" when none is):
+        # a host less preferred would send the mail back to us, and the two nodes pass it to
+        # each other until `max_hops`. `mine_from`: that preference, once found; `examined`:
+        # the preference up to which every hop was looked at for being this node.
+        mine_from: int | None = None
+        examined: int | None = None
         sts = destination.mta_sts
         counts = options.tls_report
         if policy is TlsPolicy.DISABLED:
@@ -610,6 +648,14 @@ class ClientConnection:
             if spent >= options.mx_address_limit or sessions >= options.mx_session_limit:
                 cut = True
                 break
+            if mx and own is not None and (examined is None or hop.preference > examined):
+                examined = hop.preference
+                found = await _this_node_among(hops, examined, resolver, own)
+                if found is not None and (mine_from is None or found[0] < mine_from):
+                    mine_from, looped = found
+            if mine_from is not None and hop.preference >= mine_from:
+                _log.debug("%s: %s not sent to: this node is an MX host as preferred", destination.site, hop.host)
+                continue
             secure = False  # (the addresses were validated: DANE's TLSA lookup follows)
             expanded: str | None = None  # (the end of the CNAME chain they came through)
             try:
@@ -669,6 +715,7 @@ class ClientConnection:
                 addresses = usable
             if avoid is not None:
                 addresses = [a for a in addresses if a != avoid]
+            addresses = address_order(addresses)  # (each family's in a new random order, IPv4 first)
             fresh = [a for a in dict.fromkeys(addresses) if (a, hop.port) not in seen]
             if not fresh:
                 spent += 1  # (its addresses were tried already, under another name)

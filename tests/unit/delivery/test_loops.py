@@ -91,7 +91,7 @@ async def test_a_destination_whose_every_host_is_this_node_loops_back() -> None:
     port = free_port()
     own = Listeners([("127.0.0.1", port)])
     resolver = _Addresses({"mx1.loop.test": ["127.0.0.1"], "localhost": ["127.0.0.1", "::1"]})
-    destination = _destination(Hop("mx1.loop.test", port), Hop("localhost", port), Hop("127.0.0.1", port))
+    destination = _destination(Hop("mx1.loop.test", port, 10), Hop("localhost", port, 20), Hop("127.0.0.1", port, 30))
     with pytest.raises(LoopsBack) as caught:
         await ClientConnection.open(destination, resolver, _OPTIONS, own=own)
     assert caught.value.reply.code == 554 and caught.value.reply.enhanced == "5.4.6"
@@ -101,12 +101,30 @@ async def test_a_destination_whose_every_host_is_this_node_loops_back() -> None:
 
 
 async def test_a_host_that_may_be_another_s_is_no_loop() -> None:
-    # The other host cannot be reached or resolved: a transient failure, which may pass.
+    # A host more preferred than this node cannot be reached or resolved: a transient failure,
+    # which may pass.
     port, down = free_port(), free_port()
     own = Listeners([("127.0.0.1", port)])
     resolver = _Addresses({"mx1.loop.test": ["127.0.0.1"], "mx2.loop.test": ["127.0.0.1"]})
-    for other in (Hop("mx2.loop.test", down), Hop("unknown.loop.test", port)):
+    for other in (Hop("mx2.loop.test", down, 5), Hop("unknown.loop.test", port, 5)):
+        destination = _destination(other, Hop("mx1.loop.test", port, 10))
         with pytest.raises(ConnectFailed) as caught:
-            await ClientConnection.open(_destination(Hop("mx1.loop.test", port), other), resolver, _OPTIONS, own=own)
+            await ClientConnection.open(destination, resolver, _OPTIONS, own=own)
         assert not isinstance(caught.value, LoopsBack)
         assert caught.value.reply.code == 451
+
+
+async def test_hosts_as_preferred_as_this_node_or_less_are_not_sent_to() -> None:
+    # RFC 5321 5.1: this node's most preferred entry cuts the list there, equal preferences
+    # included, whatever order the equals come in; none left is a loop.
+    port, other = free_port(), free_port()
+    own = Listeners([("127.0.0.1", port)])
+    resolver = _Addresses({"mx1.loop.test": ["127.0.0.1"], "unknown.loop.test": []})
+    for hops in (
+        (Hop("mx1.loop.test", port, 10), Hop("127.0.0.1", other, 20)),
+        (Hop("127.0.0.1", other, 10), Hop("mx1.loop.test", port, 10)),
+        (Hop("unknown.loop.test", port, 10), Hop("mx1.loop.test", port, 10), Hop("127.0.0.1", other, 30)),
+    ):
+        with pytest.raises(LoopsBack) as caught:
+            await ClientConnection.open(_destination(*hops), resolver, _OPTIONS, own=own)
+        assert caught.value.looped == f"mx1.loop.test [127.0.0.1]:{port}"
