@@ -5,7 +5,6 @@ one of several. Found from outside: with 2 workers the top level had `"smtp": {"
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import signal
@@ -14,26 +13,13 @@ from typing import Any
 
 import pytest
 
-from tests.support.disks import tmpfs
+from tests.support.disks import fill, tmpfs
 from tests.support.process import PigeonProcess
 from tests.support.sinks import wait_until
 from tests.support.tools import smtp_source
 
 COMPONENTS = {"spool", "smtp", "log", "config", "shaping"}
 ONE_WORKERS_OWN = {"worker", "uptime"}  # a node of one worker is that worker: these are its own
-
-
-def fill(disk: Path) -> Path:
-    """Take every free byte of `disk`; remove the returned file to give them back."""
-    filler = disk / "filler"
-    with open(filler, "wb", buffering=0) as stream:
-        while True:
-            try:
-                stream.write(b"\0" * 65536)
-            except OSError as error:
-                if error.errno != errno.ENOSPC:
-                    raise
-                return filler
 
 
 def health(pigeon: PigeonProcess) -> dict[str, Any]:

@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_log_durability import fill
 from tests.support.apps import customer_mail, imap_mailbox
-from tests.support.disks import tmpfs
+from tests.support.disks import fill, tmpfs
 from tests.support.process import PigeonProcess
 from tests.support.services import Dovecot
 from tests.support.sinks import wait_until

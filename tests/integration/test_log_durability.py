@@ -6,7 +6,6 @@ last stop; and a crash after a run that adopted another worker's shard logs noth
 from __future__ import annotations
 
 import collections
-import errno
 import json
 import os
 import signal
@@ -22,7 +21,7 @@ from typing import Any
 import pytest
 
 from pigeon.logs.reader import read_records
-from tests.support.disks import tmpfs
+from tests.support.disks import fill, tmpfs
 from tests.support.process import PigeonProcess
 from tests.support.sinks import SmtpSink, delivery_config, wait_until
 from tests.support.tools import smtp_source
@@ -37,24 +36,11 @@ def log_disk(tmp_path: Path) -> Iterator[Path]:
         yield mount_point
 
 
-def fill(disk: Path) -> Path:
-    """Take every free byte of `disk`; remove the returned file to give them back."""
-    filler = disk / "filler"
-    with open(filler, "wb", buffering=0) as stream:  # unbuffered: nothing left to write at close
-        while True:
-            try:
-                stream.write(b"\0" * 65536)
-            except OSError as error:
-                if error.errno != errno.ENOSPC:
-                    raise
-                return filler
-
-
 def records(directory: Path, kind: str | None = None) -> list[dict[str, Any]]:
     return [r for r in read_records(directory) if kind is None or r["type"] == kind]
 
 
-def send(pigeon: PigeonProcess, messages: int, rejections: int) -> None:
+def send(pigeon: PigeonProcess, messages: int, rejections: int = 0) -> None:
     """`messages` accepted (a Reception each) and `rejections` refused MAIL commands (a Rejection each)."""
     with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
         client.ehlo("client.test")

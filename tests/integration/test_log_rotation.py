@@ -8,27 +8,15 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
-import smtplib
 import time
 from pathlib import Path
 from typing import Any
 
+from tests.integration.test_log_durability import send
 from tests.support.process import PigeonProcess
 from tests.support.sinks import wait_until
 
 BODY = b"Subject: log rotation\r\n\r\n" + b"hello\r\n" * 20
-
-
-def _send(pigeon: PigeonProcess, messages: int, rejections: int = 0) -> None:
-    """`messages` accepted (a Reception each) and `rejections` refused MAIL commands (a Rejection each)."""
-    with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
-        client.ehlo("client.test")
-        for n in range(messages):
-            assert client.sendmail("sender@example.org", [f"user{n}@example.net"], BODY) == {}
-        for _ in range(rejections):
-            code, _ = client.mail("sender@example.org", ["SIZE=999999999999"])
-            assert code == 552
-            client.rset()
 
 
 def _gzipped(log: Path) -> list[dict[str, Any]]:
@@ -48,7 +36,7 @@ def test_an_idle_nodes_segment_is_gzipped_soon_after_max_segment_age_and_no_empt
     # until the node stopped (a `find -name '*.jsonl.gz'` prune and a shipper never saw it).
     log = tmp_path / "node" / "log"
     with PigeonProcess(tmp_path / "node", log={"max_segment_age": "2s"}) as pigeon:
-        _send(pigeon, messages=3, rejections=2)
+        send(pigeon, messages=3, rejections=2)
         logged = wait_until(lambda: (found := pigeon.records()) and len(found) == 5 and found)
         first = min(r["timestamp"] for r in logged)
 
@@ -62,7 +50,7 @@ def test_an_idle_nodes_segment_is_gzipped_soon_after_max_segment_age_and_no_empt
         plain = list(log.glob("*.jsonl"))
         assert len(plain) == 1 and plain[0].stat().st_size == 0
 
-        _send(pigeon, messages=1)  # the node goes on in that segment, which closes in turn
+        send(pigeon, messages=1)  # the node goes on in that segment, which closes in turn
         wait_until(lambda: len(_gzipped(log)) == 6, timeout=10)
     assert len(list(log.glob("*.jsonl.gz"))) == 2
     assert not list(log.glob("*.jsonl"))  # the empty one started at the rotation is removed at stop
@@ -73,9 +61,9 @@ def test_no_closed_segment_is_over_max_segment_size_and_each_is_full_to_within_a
     # largest 285,413 bytes: the size was looked at only after a write of up to 1 MiB.
     log = tmp_path / "node" / "log"
     with PigeonProcess(tmp_path / "node", log={"max_segment_size": "4KiB"}) as pigeon:
-        _send(pigeon, messages=40)
+        send(pigeon, messages=40)
         for _ in range(40):
-            _send(pigeon, messages=0, rejections=5)  # (more in one session and it is cut off)
+            send(pigeon, messages=0, rejections=5)  # (more in one session and it is cut off)
         pigeon.wait_records("Rejection", 200)
     segments = [gzip.decompress(path.read_bytes()) for path in sorted(log.glob("*.jsonl.gz"))]
     assert not list(log.glob("*.jsonl"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import subprocess
@@ -24,3 +25,16 @@ def tmpfs(mount_point: Path, size: str) -> Iterator[Path]:
         yield mount_point
     finally:
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def fill(disk: Path) -> Path:
+    """Take every free byte of `disk`; remove the returned file to give them back."""
+    filler = disk / "filler"
+    with open(filler, "wb", buffering=0) as stream:  # unbuffered: nothing left to write at close
+        while True:
+            try:
+                stream.write(b"\0" * 65536)
+            except OSError as error:
+                if error.errno != errno.ENOSPC:
+                    raise
+                return filler

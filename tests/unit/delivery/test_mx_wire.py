@@ -15,6 +15,7 @@ from dnslib import CNAME, QTYPE, RCODE, RR, SOA, A, DNSRecord
 from dnslib.server import BaseResolver, DNSLogger, DNSServer
 
 from pigeon.delivery.mx import DnsFailure, Resolver
+from tests.unit.delivery.test_mx_routes import Clock
 
 
 @dataclass
@@ -104,14 +105,6 @@ def script() -> Iterator[tuple[Script, tuple[str, int]]]:
         server.server.server_close()
     for thread in threads:
         thread.join(timeout=5)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 async def _kept(resolver: Resolver, clock: Clock, answers: Script, name: str, kind: str = "A") -> float:
