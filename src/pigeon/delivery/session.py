@@ -147,6 +147,19 @@ class ConnectFailed(Exception):
         self.local = local
         self.tls_failed = tls_failed
 
+    def noted(self, note: str, reply: Reply | None = None) -> ConnectFailed:
+        """This failure with `; note` after its reply (or after `reply`, said instead): what
+        the hosts tried did, then what else a record and a DSN should say (hosts left untried,
+        the hosts tried). Its peer, TLS and whose words the reply is are kept."""
+        said = self.reply if reply is None else reply
+        return ConnectFailed(
+            Reply(said.code, said.enhanced, (*said.lines[:-1], f"{said.lines[-1]}; {note}")),
+            peer=self.peer,
+            tls=self.tls,
+            server=self.server,
+            tls_failed=self.tls_failed,
+        )
+
 
 class LoopsBack(ConnectFailed):
     """No host of the destination is left to send to but this node itself (one of its SMTP
@@ -823,15 +836,7 @@ class ClientConnection:
             # What the hosts tried did, then why the others were not tried: the reply, the
             # message's last_response and its DSN name both (the lookup alone hid a refused
             # connection, the connection alone a host that may be the one up).
-            reply = last.reply
-            note = "; ".join(untried)
-            last = ConnectFailed(
-                Reply(reply.code, reply.enhanced, (*reply.lines[:-1], f"{reply.lines[-1]}; {note}")),
-                peer=last.peer,
-                tls=last.tls,
-                server=last.server,
-                tls_failed=last.tls_failed,
-            )
+            last = last.noted("; ".join(untried))
         if cut:
             # Hosts were left untried: no verdict on the site's mail, whatever the last said.
             reply = last.reply if 400 <= last.reply.code < 500 else Reply(451, "4.4.1", last.reply.lines)
@@ -839,25 +844,11 @@ class ClientConnection:
                 f"not all hosts tried ([delivery] mx_address_limit {options.mx_address_limit}, "
                 f"mx_session_limit {options.mx_session_limit}); tried {', '.join(done)}"
             )
-            last = ConnectFailed(
-                Reply(reply.code, reply.enhanced, (*reply.lines[:-1], f"{reply.lines[-1]}; {note}")),
-                peer=last.peer,
-                tls=last.tls,
-                server=last.server,
-                tls_failed=last.tls_failed,
-            )
+            last = last.noted(note, reply)
         elif refused and len(done) > 1:
             # Hosts passed over for the policy's TLS, each for a reason of its own: the last
             # host's alone would hide that the others were tried (and why they come last next time).
-            reply = last.reply
-            note = f"tried {', '.join(done)}"
-            last = ConnectFailed(
-                Reply(reply.code, reply.enhanced, (*reply.lines[:-1], f"{reply.lines[-1]}; {note}")),
-                peer=last.peer,
-                tls=last.tls,
-                server=last.server,
-                tls_failed=last.tls_failed,
-            )
+            last = last.noted(f"tried {', '.join(done)}")
         if looped is not None and not elsewhere and not cut:
             raise LoopsBack(destination.site, looped)
         # Down: no host took the connection, and none was left untried but for the DNS saying
