@@ -43,9 +43,10 @@ def test_check_says_ok_only_for_a_key_the_dns_publishes_rsa_and_ed25519(tmp_path
     zone = Zone(
         records={
             "rsa._domainkey.example.com": [("TXT", "some other text"), ("TXT", record_text(RSA))],
-            # Written as people do: white space in p=, tags in another order, k= upper-case.
+            # Written as people do: white space in p=, tags in another order, h= and s= lists.
             "ed._domainkey.example.com": [("TXT", f"v=DKIM1; p={record_text(ED).split('p=')[1][:20]} "
-                                                  f"{record_text(ED).split('p=')[1][20:]} ; k=ED25519")],
+                                                  f"{record_text(ED).split('p=')[1][20:]} ; k=ed25519; "
+                                                  "h=sha1 : sha256; s=email")],
         }
     )  # fmt: skip
     with DnsServer(zone) as dns:
@@ -87,6 +88,42 @@ def test_check_names_each_key_the_dns_does_not_publish_and_exits_1(tmp_path: Pat
     assert lines["gone._domainkey.example.com"].startswith("no record: gone._domainkey.example.com does not exist")
     assert lines["empty._domainkey.example.com"].startswith("no record: the name has no TXT record")
     assert str(tmp_path / "key0.pem") in lines["rsa._domainkey.example.com"]  # which file to look at
+
+
+def test_check_names_the_tag_of_a_record_verifiers_ignore_says_what_to_publish_and_exits_1(tmp_path: Path) -> None:
+    # Each record holds the right key; one tag makes verifiers (opendkim, dkimpy) pass it over,
+    # so mail signed with the key fails verification.
+    key = record_text(RSA).split("p=")[1]
+    zone = Zone(
+        records={
+            "hash._domainkey.example.com": [("TXT", f"v=DKIM1; h=sha1; k=rsa; p={key}")],
+            "service._domainkey.example.com": [("TXT", f"v=DKIM1; s=other; k=rsa; p={key}")],
+            "case._domainkey.example.com": [("TXT", f"v=DKIM1; k=RSA; p={key}")],
+            "twice._domainkey.example.com": [("TXT", f"v=DKIM1; k=rsa; p={key}; p={key}")],
+            "edcase._domainkey.example.com": [("TXT", record_text(ED).replace("k=ed25519", "k=Ed25519"))],
+        }
+    )
+    blocks = [("example.com", name, RSA) for name in ("hash", "service", "case", "twice")]
+    blocks.append(("example.com", "edcase", ED))
+    with DnsServer(zone) as dns:
+        result = pigeon_cli("dkim", "check", "-c", str(configure(tmp_path, dns, blocks)), cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = lines_by_name(result.stdout)
+    assert lines["hash._domainkey.example.com"].startswith(
+        "unusable record: h=sha1 leaves out sha256, the hash the signatures use: publish h=sha256, or no h="
+    )
+    assert lines["service._domainkey.example.com"].startswith(
+        "unusable record: s=other leaves out email: publish s=email, or no s="
+    )
+    assert lines["case._domainkey.example.com"].startswith(
+        "unusable record: k=RSA is no key type (tag values are case-sensitive): publish k=rsa"
+    )
+    assert lines["edcase._domainkey.example.com"].startswith(
+        "unusable record: k=Ed25519 is no key type (tag values are case-sensitive): publish k=ed25519"
+    )
+    assert lines["twice._domainkey.example.com"].startswith(
+        "unusable record: p= is given twice, which makes the record invalid: publish each tag once"
+    )
 
 
 def test_check_exits_75_when_a_lookup_fails_and_says_so(tmp_path: Path) -> None:

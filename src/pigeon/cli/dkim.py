@@ -55,7 +55,8 @@ def register(commands: Any) -> None:
         description="For each [[dkim]] block, look up <selector>._domainkey.<domain> TXT through the "
         "configured resolver ([dns] nameservers) and compare the published key with the configured one. "
         "Exit 0: every key is published; 1: a key is not (mismatch, revoked, no record, algorithm "
-        f"mismatch, or a block that could not be checked); {EX_TEMPFAIL}: a lookup failed (try again).",
+        "mismatch, a record verifiers pass over, or a block that could not be checked); "
+        f"{EX_TEMPFAIL}: a lookup failed (try again).",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -8,14 +8,25 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from pigeon.dkim.keys import generate_key, record_text
-from pigeon.dkim.published import Status, compare, key_record
+from pigeon.dkim.published import KeyRecord, Status, compare, key_record
 
 
 def test_a_record_is_read_as_verifiers_read_it() -> None:
-    assert key_record(" v = DKIM1 ; k=rsa; p = AB CD\t EF ") == {"v": "DKIM1", "k": "rsa", "p": "ABCDEF"}
+    assert key_record(" v = DKIM1 ; k=rsa; p = AB CD\t EF ") == KeyRecord({"v": "DKIM1", "k": "rsa", "p": "ABCDEF"})
     assert key_record("v=spf1 -all") is None  # no p=
     assert key_record("v=DKIM2; p=AAAA") is None
-    assert key_record("p=") == {"p": ""}
+    assert key_record("p=") == KeyRecord({"p": ""})
+    assert key_record("v=DKIM1; P=AAAA") is None  # tag names are case-sensitive (RFC 6376 3.2): no p=
+    assert key_record("p=AA; k=rsa; p=BB; p=CC") == KeyRecord({"p": "AA", "k": "rsa"}, repeated=("p",))
+
+
+def test_a_record_verifiers_pass_over_is_unusable_even_with_the_right_key() -> None:
+    key = generate_key("rsa-sha256", 1024)
+    right = record_text(key)
+    assert compare([right.replace("k=rsa", "k=rsa; h=sha256:sha1; s=* : email")], key).status is Status.OK
+    for tag in ("h=sha1", "h=", "s=other", "s=", "k=RSA", "k=rsa"):
+        assert compare([right.replace("k=rsa", f"k=rsa; {tag}")], key).status is Status.UNUSABLE, tag
+    assert compare([right.replace("k=rsa", "k=ed25519")], key).status is Status.ALGORITHM
 
 
 def test_an_rsa_key_published_as_pkcs1_is_the_same_key() -> None:
