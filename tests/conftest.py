@@ -36,14 +36,29 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         pytest.exit(f"built before their last edit: {', '.join(stale)}; run ./scripts/test (it rebuilds them)", 4)
 
 
+@pytest.hookimpl(tryfirst=True)  # (before xdist's own, which reads the groups)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """In a parallel run (pytest-xdist, as ./scripts/test runs the suite), the long tests start
     first, the longest first: the minutes they take then overlap the many short tests instead
     of running alone at the end. Long are those that declare a longer timeout than the default,
-    then those `_LONG` names. Each worker collects and sorts alike; with --maxschedchunk=1
-    (pyproject.toml) they are handed out one by one in this order."""
+    then those `_LONG` names. Each worker collects and sorts alike; they are handed out one by
+    one in this order (--dist loadgroup), but for the tests of a module that share a fixture
+    of module (or class) scope, such as one node they all ask things of: those go to one worker
+    together, or each of the six workers would start that node for its share of them."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         items.sort(key=lambda item: (-_declared_timeout(item), -_LONG.get(item.nodeid.partition("[")[0], 0)))
+        for item in items:
+            if _shares_a_fixture(item):
+                item.add_marker(pytest.mark.xdist_group(item.nodeid.partition("::")[0]))
+
+
+def _shares_a_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(
+        definitions[-1].scope in ("module", "class", "package") for definitions in info.name2fixturedefs.values()
+    )
 
 
 @pytest.hookimpl(hookwrapper=True)
