@@ -10,6 +10,7 @@ from typing import Final
 import pytest
 from hypothesis import settings
 
+from tests.support import zygote
 from tests.support.services import Dovecot, Postgres, RedisServer, reachable
 
 # No per-example deadline: on a machine whose cores are all busy (the suite's 4 workers on 2
@@ -35,14 +36,29 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         pytest.exit(f"built before their last edit: {', '.join(stale)}; run ./scripts/test (it rebuilds them)", 4)
 
 
+@pytest.hookimpl(tryfirst=True)  # (before xdist's own, which reads the groups)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """In a parallel run (pytest-xdist, as ./scripts/test runs the suite), the long tests start
     first, the longest first: the minutes they take then overlap the many short tests instead
     of running alone at the end. Long are those that declare a longer timeout than the default,
-    then those `_LONG` names. Each worker collects and sorts alike; with --maxschedchunk=1
-    (pyproject.toml) they are handed out one by one in this order."""
+    then those `_LONG` names. Each worker collects and sorts alike; they are handed out one by
+    one in this order (--dist loadgroup), but for the tests of a module that share a fixture
+    of module (or class) scope, such as one node they all ask things of: those go to one worker
+    together, or each of the six workers would start that node for its share of them."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         items.sort(key=lambda item: (-_declared_timeout(item), -_LONG.get(item.nodeid.partition("[")[0], 0)))
+        for item in items:
+            if _shares_a_fixture(item):
+                item.add_marker(pytest.mark.xdist_group(item.nodeid.partition("::")[0]))
+
+
+def _shares_a_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(
+        definitions[-1].scope in ("module", "class", "package") for definitions in info.name2fixturedefs.values()
+    )
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -62,9 +78,12 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
         usage = resource.getrusage(who)
         return usage.ru_utime + usage.ru_stime
 
-    own, children, started = cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN), time.monotonic()
+    def reaped() -> float:  # the zygote's forks are its children, not this process's
+        return cpu(resource.RUSAGE_CHILDREN) + zygote.reaped_cpu()
+
+    own, children, started = cpu(resource.RUSAGE_SELF), reaped(), time.monotonic()
     yield
-    own, children = cpu(resource.RUSAGE_SELF) - own, cpu(resource.RUSAGE_CHILDREN) - children
+    own, children = cpu(resource.RUSAGE_SELF) - own, reaped() - children
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     with open(Path(into) / f"{worker}.tsv", "a", encoding="utf-8") as out:
         out.write(f"{item.nodeid}\t{own:.2f}\t{children:.2f}\t{time.monotonic() - started:.2f}\n")

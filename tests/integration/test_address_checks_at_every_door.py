@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from tests.support import zygote
 from tests.support.process import PigeonProcess
 
 TOKEN = "doors-token-0123456789"
@@ -72,8 +72,8 @@ def _inject(pigeon: PigeonProcess, *recipients: str, **extra: Any) -> tuple[int,
 
 
 def _cli(pigeon: PigeonProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "pigeon", "inject", "-c", str(pigeon.config_path), "--token", TOKEN, *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    command = ["inject", "-c", str(pigeon.config_path), "--token", TOKEN, *args]
+    return zygote.run(command, text=True, timeout=60, check=False)
 
 
 @pytest.mark.parametrize(("bad", "code", "text"), BAD, ids=[f"{c}-{t[:24]}" for _, c, t in BAD])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import smtplib
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import zygote
 from tests.support.process import PigeonProcess
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
 
@@ -232,7 +232,7 @@ def test_identical_suspensions_asked_at_once_are_one_rule_that_one_resume_ends(
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pigeon", *args], capture_output=True, text=True, timeout=60)
+    return zygote.run([*args], text=True, timeout=60)
 
 
 def test_a_bounce_tells_apart_the_mail_being_sent_which_it_bounces_only_if_that_attempt_fails(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import smtplib
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import zygote
 from tests.support.process import PigeonProcess
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
 
@@ -195,10 +195,11 @@ def test_a_message_being_sent_when_its_id_is_bounced_ends_once(tmp_path: Path) -
 
 
 def _cli(pigeon: PigeonProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pigeon", *args, "-c", str(pigeon.config_path), "--token", ADMIN],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    return zygote.run(
+        [*args, "-c", str(pigeon.config_path), "--token", ADMIN],
+        text=True,
+        timeout=60,
+    )
 
 
 def test_pigeon_bounce_and_retry_by_id_say_what_became_of_each(tmp_path: Path, sink: DeferringSink) -> None:

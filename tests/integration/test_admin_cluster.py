@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import zygote
 from tests.support.process import PigeonProcess
 from tests.support.services import RedisServer
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
@@ -268,11 +268,11 @@ def test_cluster_reads_add_up_every_nodes_queues_and_the_cli_shows_them(
     assert _queued(a) == 2
     assert _queued(a, cluster=True) == 5
     assert _queued(b, cluster=True) == 5
-    shown = subprocess.run(
-        [sys.executable, "-m", "pigeon", "queue", "summary", "--cluster", "--url", f"http://127.0.0.1:{a.http_port}",
-         "--token", READER],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    shown = zygote.run(
+        ["queue", "summary", "--cluster", "--url", f"http://127.0.0.1:{a.http_port}", "--token", READER],
+        text=True,
+        timeout=60,
+    )
     assert shown.returncode == 0, shown.stderr
     assert "nodes: a (done), b (done)" in shown.stdout
     row = next(line for line in shown.stdout.splitlines() if "example.net" in line)
@@ -382,10 +382,11 @@ def test_an_operation_does_not_wait_for_a_node_that_stopped_but_names_it_pending
 
 
 def _cli(node: PigeonProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pigeon", *args, "-c", str(node.config_path), "--token", ADMIN],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    return zygote.run(
+        [*args, "-c", str(node.config_path), "--token", ADMIN],
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.mark.parametrize("action", ["bounce", "hold"])
@@ -455,11 +456,11 @@ def test_top_shows_the_whole_clusters_queues_and_counters(cluster: tuple[PigeonP
     with urllib.request.urlopen(request, timeout=30) as response:
         text = response.read().decode()
     assert received(text) == 3 and "# pigeon cluster nodes: a=done b=done" in text
-    shown = subprocess.run(
-        [sys.executable, "-m", "pigeon", "top", "--once", "--cluster", "--url", f"http://127.0.0.1:{b.http_port}",
-         "--token", READER],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    shown = zygote.run(
+        ["top", "--once", "--cluster", "--url", f"http://127.0.0.1:{b.http_port}", "--token", READER],
+        text=True,
+        timeout=60,
+    )
     assert shown.returncode == 0, shown.stderr
     assert "cluster: a done, b done" in shown.stdout
     assert "spool 3 messages" in shown.stdout

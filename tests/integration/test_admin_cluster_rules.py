@@ -6,8 +6,6 @@ minutes) takes them before it delivers anything, and drops those ended meanwhile
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import zygote
 from tests.support.process import PigeonProcess
 from tests.support.services import RedisServer
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
@@ -144,11 +143,11 @@ def test_a_cluster_list_says_which_nodes_do_not_hold_a_rule(make_node: MakeNode,
     finally:
         client.close()
     time.sleep(1.5)  # a node renews its presence just before it reads on
-    shown = subprocess.run(
-        [sys.executable, "-m", "pigeon", "suspend", "--list", "--cluster", "--url", f"http://127.0.0.1:{a.http_port}",
-         "--token", ADMIN],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    shown = zygote.run(
+        ["suspend", "--list", "--cluster", "--url", f"http://127.0.0.1:{a.http_port}", "--token", ADMIN],
+        text=True,
+        timeout=60,
+    )
     assert shown.returncode == 0, shown.stderr
     [line] = [line for line in shown.stdout.splitlines() if "d09.test" in line]
     assert line.endswith("[not held on b]"), shown.stdout

@@ -5,14 +5,13 @@ do, and nothing queued, no rule and no bulk operation changes because of it."""
 from __future__ import annotations
 
 import smtplib
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
+from tests.support import zygote
 from tests.support.process import PigeonProcess
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
 
@@ -298,8 +297,8 @@ def test_a_refusal_quoting_a_control_or_a_backslash_is_printed_escaped_once(
     # The node's text quotes the value as Python does ('a\x1bb'); the command escaped its
     # backslash again: `pigeon suspend --tenant $'a\x1bb'` printed "tenant 'a\\x1bb'".
     pigeon, _ = node
-    command = [sys.executable, "-m", "pigeon", "suspend", "-c", str(pigeon.config_path), "--token", ADMIN]
-    result = subprocess.run([*command, "--tenant", value], capture_output=True, text=True, timeout=60)
+    command = ["suspend", "-c", str(pigeon.config_path), "--token", ADMIN]
+    result = zygote.run([*command, "--tenant", value], text=True, timeout=60)
     assert result.returncode == 2, result.stderr
     assert f"pigeon: 400: tenant {quoted} contains" in result.stderr, result.stderr
     assert "\x1b" not in result.stderr

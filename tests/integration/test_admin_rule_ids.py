@@ -9,8 +9,6 @@ and what the suspension held was delivered at once, with no resume in the log.""
 from __future__ import annotations
 
 import smtplib
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import zygote
 from tests.support.process import PigeonProcess
 from tests.support.services import RedisServer
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
@@ -37,8 +36,8 @@ def _api(pigeon: PigeonProcess, method: str, path: str, body: Any = None) -> tup
 
 
 def _cli(pigeon: PigeonProcess, *args: str) -> str:
-    command = [sys.executable, "-m", "pigeon", *args, "-c", str(pigeon.config_path)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    command = [*args, "-c", str(pigeon.config_path)]
+    done = zygote.run(command, text=True, timeout=60)
     assert done.returncode == 0, done
     return done.stdout
 

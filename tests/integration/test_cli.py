@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import zygote
 from tests.support.process import PigeonProcess
 from tests.support.services import RedisServer
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
@@ -22,9 +23,7 @@ from tests.support.sinks import ScriptedSink, delivery_config, wait_until
 
 def pigeon_cli(*args: str, cwd: Path | None = None, columns: int | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": str(columns)} if columns else None
-    return subprocess.run(
-        [sys.executable, "-m", "pigeon", *args], capture_output=True, text=True, cwd=cwd, timeout=60, env=env
-    )
+    return zygote.run([*args], text=True, cwd=cwd, timeout=60, env=env)
 
 
 def test_logs_prints_every_record_from_plain_and_compressed_segments(tmp_path: Path) -> None:
@@ -211,16 +210,15 @@ def test_inject_reads_a_piped_message_without_a_dash_as_sendmail_does(tmp_path: 
     """`... | pigeon inject --from A --to B`, as an MTA or a script pipes mail to sendmail; on
     a terminal the same command is a usage error, not a wait for typed mail."""
     with ScriptedSink() as sink, PigeonProcess(tmp_path / "node", **delivery_config(sink.endpoint)) as pigeon:
-        command = [sys.executable, "-m", "pigeon", "inject", "-c", str(pigeon.config_path), "--from",
-                   "me@example.org", "--to", "a@example.net"]  # fmt: skip
-        piped = subprocess.run(command, input="From: me@example.org\nSubject: piped\n\nHello.\n",
-                               capture_output=True, text=True, timeout=60)  # fmt: skip
+        command = ["inject", "-c", str(pigeon.config_path), "--from", "me@example.org", "--to", "a@example.net"]
+        piped = zygote.run(command, input="From: me@example.org\nSubject: piped\n\nHello.\n", text=True)
         assert piped.returncode == 0, piped.stderr
         (received,) = sink.wait_for(1)
         assert received.email["Subject"] == "piped"
         terminal, other_end = os.openpty()
         try:
-            typed = subprocess.run(command, stdin=terminal, capture_output=True, text=True, timeout=60)
+            at_a_terminal = [sys.executable, "-m", "pigeon", *command]  # (the zygote's stdin is no terminal)
+            typed = subprocess.run(at_a_terminal, stdin=terminal, capture_output=True, text=True, timeout=60)
         finally:
             os.close(terminal)
             os.close(other_end)
@@ -499,9 +497,9 @@ def test_cluster_forget_of_no_node_name_is_a_usage_error_before_any_request(name
         listener.listen()
         listener.settimeout(0.2)
         url = f"http://127.0.0.1:{listener.getsockname()[1]}"
-        command = [sys.executable, "-m", "pigeon", "cluster", "forget", name, "--url", url, "--token", "t" * 20]
+        command = ["cluster", "forget", name, "--url", url, "--token", "t" * 20]
         # (A request would wait for an answer that never comes: 10 s tell it.)
-        refused = subprocess.run(command, capture_output=True, text=True, timeout=10)
+        refused = zygote.run(command, text=True, timeout=10)
         with pytest.raises(TimeoutError):
             listener.accept()
     assert (refused.returncode, refused.stdout) == (2, ""), refused

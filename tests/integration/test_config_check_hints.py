@@ -5,20 +5,19 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from pigeon.cli.main import main
+from tests.support import zygote
 from tests.support.readme import README
 
 
 def _check(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "pigeon.toml").write_text(text)
-    return subprocess.run(
-        [sys.executable, "-m", "pigeon", "serve", "--check", "-c", "pigeon.toml"],
-        capture_output=True,
+    return zygote.run(
+        ["serve", "--check", "-c", "pigeon.toml"],
         text=True,
         cwd=tmp_path,
         timeout=60,

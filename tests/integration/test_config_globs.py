@@ -5,11 +5,10 @@ queue glob matches whole queue names, the domain alone for mail with no tenant n
 from __future__ import annotations
 
 import smtplib
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+from tests.support import zygote
 from tests.support.process import PigeonProcess
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
 
@@ -34,8 +33,7 @@ def test_serve_refuses_an_impossible_domain_glob_with_exit_2_naming_the_setting(
     config = tmp_path / "pigeon.toml"
     config.write_text('[[route]]\ndomain = "partner.example"\nnext_hop = "127.0.0.1:2526"\n'
                       '[[shaping]]\ndomain = "*.gmail com"\nconnection_limit = 5\n')  # fmt: skip
-    result = subprocess.run([sys.executable, "-m", "pigeon", "serve", "-c", str(config)],
-                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    result = zygote.run(["serve", "-c", str(config)], text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr == (
         f"pigeon: configuration error: {config}, line 5: [[shaping]] #1 domain: '*.gmail com' holds white space\n"

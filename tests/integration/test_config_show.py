@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import msgspec
@@ -12,11 +11,12 @@ import pytest
 
 from pigeon.config.load import ConfigError, load
 from pigeon.config.schema import Config
+from tests.support import zygote
 from tests.support.readme import README
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pigeon", *args], capture_output=True, text=True, timeout=60)
+    return zygote.run([*args], text=True, timeout=60)
 
 
 def _same(first: Path | None, second: Path) -> None:

@@ -8,8 +8,6 @@ from __future__ import annotations
 import os
 import smtplib
 import sqlite3
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.integration.test_reload import _hangup
+from tests.support import zygote
 from tests.support.dns import DnsServer, Zone
 from tests.support.process import PigeonProcess, free_port, to_toml
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
@@ -73,9 +72,9 @@ def test_a_dead_site_is_backed_off_as_a_whole_and_its_mail_flows_once_it_is_back
 
             assert _ready_rows(pigeon)[dead]["down"] is True
             assert _site_down_metric(pigeon, dead) == 1.0
-            command = [sys.executable, "-m", "pigeon", "top", "--once", "-c", str(pigeon.config_path)]
+            command = ["top", "--once", "-c", str(pigeon.config_path)]
             wide = {**os.environ, "COLUMNS": "160"}  # (the frame is cut at the terminal's width)
-            top = subprocess.run(command, capture_output=True, text=True, timeout=60, env=wide)
+            top = zygote.run(command, text=True, timeout=60, env=wide)
             (row,) = [line for line in top.stdout.splitlines() if dead in line and "->" in line]
             assert row.rstrip().endswith("site down"), top.stdout
 

@@ -5,10 +5,10 @@ status a cron job can act on."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 from pigeon.dkim.keys import PrivateKey, generate_key, pem, record_text
+from tests.support import zygote
 from tests.support.dns import DnsServer, Zone
 
 RSA = generate_key("rsa-sha256", 1024)
@@ -18,7 +18,7 @@ OTHER_ED = generate_key("ed25519-sha256")
 
 
 def pigeon_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pigeon", *args], capture_output=True, text=True, cwd=cwd, timeout=60)
+    return zygote.run([*args], text=True, cwd=cwd, timeout=60)
 
 
 def configure(tmp_path: Path, dns: DnsServer, blocks: list[tuple[str, str, PrivateKey]], extra: str = "") -> Path:

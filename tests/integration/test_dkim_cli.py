@@ -6,17 +6,17 @@ from __future__ import annotations
 import re
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
 
 from pigeon.config.load import load
 from pigeon.dkim.keys import load_key, record_text
+from tests.support import zygote
 
 
 def pigeon_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pigeon", *args], capture_output=True, text=True, cwd=cwd, timeout=60)
+    return zygote.run([*args], text=True, cwd=cwd, timeout=60)
 
 
 def test_keygen_writes_a_private_key_and_prints_its_record_and_block(tmp_path: Path) -> None:

@@ -8,12 +8,12 @@ as an API's address."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from tests.support import zygote
 from tests.support.process import PigeonProcess
 from tests.support.rawsmtp import RawSmtp
 from tests.support.sinks import ScriptedSink, delivery_config
@@ -69,10 +69,10 @@ def _kumo(node: PigeonProcess, recipients: list[str], subject: str) -> tuple[int
 
 
 def _cli(node: PigeonProcess, recipients: list[str], subject: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "pigeon", "inject", "-c", str(node.config_path), "--token", TOKEN]
+    command = ["inject", "-c", str(node.config_path), "--token", TOKEN]
     command += ["--from", "app@example.org", *[arg for r in recipients for arg in ("--to", r)], "-"]
     content = CONTENT.format(subject=subject)
-    return subprocess.run(command, input=content, capture_output=True, text=True, timeout=60, check=False)
+    return zygote.run(command, input=content, text=True, timeout=60, check=False)
 
 
 def _delivered(sink: ScriptedSink, subject: str, count: int) -> list[str]:

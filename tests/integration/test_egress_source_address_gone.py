@@ -13,11 +13,10 @@ import os
 import re
 import signal
 import smtplib
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+from tests.support import zygote
 from tests.support.process import PigeonProcess, to_toml
 from tests.support.sinks import ScriptedSink, delivery_config
 
@@ -84,10 +83,12 @@ def test_a_reload_and_a_worker_restart_with_a_source_that_cannot_be_bound_warn_a
             # The commands that read the file say it and go on.
             for command in (["shaping", "check", str(pigeon.config_path)], ["shaping", "explain", "d.example"]):
                 extra = [] if command[1] == "check" else ["-c", str(pigeon.config_path)]
-                shown = subprocess.run(
-                    [sys.executable, "-m", "pigeon", *command, *extra],
-                    capture_output=True, text=True, timeout=60, cwd=pigeon.root,
-                )  # fmt: skip
+                shown = zygote.run(
+                    [*command, *extra],
+                    text=True,
+                    timeout=60,
+                    cwd=pigeon.root,
+                )
                 assert shown.returncode == 0, shown.stdout + shown.stderr
                 assert f"pigeon: warning: [[source]] #1 bind: source 'ip-2': cannot bind to {GONE}" in shown.stderr
 

@@ -8,14 +8,13 @@ import collections
 import contextlib
 import json
 import smtplib
-import subprocess
-import sys
 import textwrap
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tests.support import zygote
 from tests.support.process import PigeonProcess
 from tests.support.sinks import ScriptedSink, delivery_config, peak_connections, wait_until
 
@@ -147,9 +146,8 @@ def test_a_queue_pool_chooses_the_source_and_the_policy_hooks_pool_wins(tmp_path
 
 
 def _inspect(pigeon: PigeonProcess, spool_id: str, *options: str) -> str:
-    shown = subprocess.run(
-        [sys.executable, "-m", "pigeon", "inspect", "-c", str(pigeon.config_path), spool_id, *options],
-        capture_output=True,
+    shown = zygote.run(
+        ["inspect", "-c", str(pigeon.config_path), spool_id, *options],
         text=True,
         timeout=60,
     )

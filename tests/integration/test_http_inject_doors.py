@@ -5,12 +5,12 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from tests.support import zygote
 from tests.support.process import PigeonProcess
 from tests.support.rawsmtp import RawSmtp
 from tests.support.sinks import wait_until
@@ -42,8 +42,8 @@ def _request(*emails: str, **overrides: Any) -> dict[str, Any]:
 def _cli(
     node: PigeonProcess, *args: str, stdin: str = "From: a@example.org\nSubject: hi\n\nhello\n"
 ) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "pigeon", "inject", "-c", str(node.config_path), "--from", "app@example.org"]
-    return subprocess.run([*command, *args, "-"], input=stdin, capture_output=True, text=True, timeout=60)
+    command = ["inject", "-c", str(node.config_path), "--from", "app@example.org"]
+    return zygote.run([*command, *args, "-"], input=stdin, text=True, timeout=60)
 
 
 def _smtp_rcpt(node: PigeonProcess, address: str) -> tuple[int, list[str]]:
@@ -370,11 +370,11 @@ def test_hello_name_refuses_a_recipient_without_a_name_rather_than_sending_hello
 
 
 def test_pigeon_inject_of_hello_name_refuses_and_its_help_example_sends_a_fallback(node: PigeonProcess) -> None:
-    command = [sys.executable, "-m", "pigeon", "inject", "-c", str(node.config_path), "--from", "me@example.org"]
+    command = ["inject", "-c", str(node.config_path), "--from", "me@example.org"]
     command += ["--to", "you@example.net", "--text", "x"]
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*command, *args], capture_output=True, text=True, timeout=60, check=False)
+        return zygote.run([*command, *args], text=True, timeout=60, check=False)
 
     refused = run("--subject", "Hello {{ name }}")  # the outside tester's
     assert refused.returncode == 1, refused

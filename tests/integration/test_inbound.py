@@ -9,13 +9,12 @@ import hmac
 import json
 import re
 import smtplib
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.support import zygote
 from tests.support.apps import (
     WebhookApp,
     customer_mail,
@@ -47,8 +46,7 @@ def test_mailbox_messages_reach_the_webhook_signed_once_each_and_are_marked_seen
         assert "\\Seen" in dovecot.flags("app", more[-1])
         records = node.wait_records("InboundDelivery", 35)
         assert len(records) == 35
-        shown = subprocess.run([sys.executable, "-m", "pigeon", "top", "-c", str(node.config_path), "--once"],
-                               capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        shown = zygote.run(["top", "-c", str(node.config_path), "--once"], text=True, timeout=60, check=False)
         assert shown.returncode == 0, shown.stderr
         top = shown.stdout
         health = mailbox_health(node)
@@ -314,8 +312,7 @@ def test_a_server_certificate_pigeon_cannot_verify_is_refused_and_reported(tmp_p
             said = wait_until(reported, 10)
             assert said.startswith(f"TLS to 127.0.0.1:{dovecot.imaps_port} (implicit): certificate not trusted: "), said
             assert said.endswith("; set ca_file to the PEM file of the CA that issued it (or tls_verify = false)"), said
-            shown = subprocess.run([sys.executable, "-m", "pigeon", "top", "-c", str(node.config_path), "--once"],
-                                   capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+            shown = zygote.run(["top", "-c", str(node.config_path), "--once"], text=True, timeout=60, check=False)
         # Not yet "down": that is what /healthz says after down_after (and answers 503 for).
         (row,) = [line for line in shown.stdout.splitlines() if line.startswith("support ")]
         assert row.split()[1:3] == ["hook", "degraded"], shown.stdout

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 import smtplib
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from tests.support import zygote
 from tests.support.apps import WebhookApp, customer_mail, webhook_target
 from tests.support.process import PigeonProcess
 from tests.support.sinks import ScriptedSink, wait_until
@@ -41,9 +40,7 @@ def _send_from_anyone(node: PigeonProcess, recipient: str, n: int = 1) -> None:
 
 
 def _cli(node: PigeonProcess, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "pigeon", *args, "-c", str(node.config_path)], capture_output=True, text=True, timeout=60
-    )
+    done = zygote.run([*args, "-c", str(node.config_path)], text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

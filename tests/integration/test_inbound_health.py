@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from tests.support import zygote
 from tests.support.apps import WebhookApp, customer_mail, imap_mailbox, webhook_target
 from tests.support.process import PigeonProcess, free_port
 from tests.support.services import Dovecot, RedisServer
@@ -86,9 +85,13 @@ def test_a_dead_target_shows_in_healthz_and_top_until_it_accepts_again(tmp_path:
             assert (status, body["status"], mailbox["status"]) == (200, "degraded", "degraded")
             assert mailbox["error"].startswith(f"target jobs: Sidekiq's Redis ({sidekiq.url})"), mailbox
             assert "refused" in mailbox["error"], mailbox
-            shown = subprocess.run([sys.executable, "-m", "pigeon", "top", "-c", str(node.config_path), "--once"],
-                                   capture_output=True, text=True, timeout=60, check=False,
-                                   env={**os.environ, "COLUMNS": "300"})  # fmt: skip
+            shown = zygote.run(
+                ["top", "-c", str(node.config_path), "--once"],
+                text=True,
+                timeout=60,
+                check=False,
+                env={**os.environ, "COLUMNS": "300"},
+            )
             assert shown.returncode == 0, shown.stderr
             (row,) = [line for line in shown.stdout.splitlines() if line.startswith("support ")]
             assert row.split()[1:3] == ["jobs", "degraded"] and "target jobs: Sidekiq's Redis" in row, row

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import smtplib
 import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import zygote
 from tests.support.process import PigeonProcess
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
 
@@ -43,8 +43,8 @@ def _node(root: Path, sinks: tuple[ScriptedSink, ScriptedSink], **sections: Any)
 
 
 def _cli(pigeon: PigeonProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "pigeon", args[0], "-c", str(pigeon.config_path), *args[1:]]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    command = [args[0], "-c", str(pigeon.config_path), *args[1:]]
+    return zygote.run(command, text=True, timeout=60, check=False)
 
 
 def _maildir(root: Path) -> list[bytes]:

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
+from tests.support import zygote
 from tests.support.apps import (
     WebhookApp,
     customer_mail,
@@ -45,9 +44,13 @@ def test_a_login_refused_on_one_node_is_seen_from_the_other_and_resolved_when_fi
             assert mailbox_health(b)["status"] == "ok"  # b's own view: fine
             assert "login as app" in note["problem"] and note["resolved_at"] is None, note
             assert mailbox_health(a)["note"] == note  # the same note on every node
-            shown = subprocess.run([sys.executable, "-m", "pigeon", "top", "-c", str(b.config_path), "--once"],
-                                   capture_output=True, text=True, timeout=60, check=False,
-                                   env={**os.environ, "COLUMNS": "300"})  # fmt: skip
+            shown = zygote.run(
+                ["top", "-c", str(b.config_path), "--once"],
+                text=True,
+                timeout=60,
+                check=False,
+                env={**os.environ, "COLUMNS": "300"},
+            )
             assert shown.returncode == 0, shown.stderr
             lines = shown.stdout.splitlines()
             (row,) = [i for i, line in enumerate(lines) if line.startswith("support ")]

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import base64
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support import zygote
 from tests.support.process import PigeonProcess
 from tests.support.rawsmtp import RawSmtp
 
@@ -35,9 +35,9 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PigeonProcess]:
 
 
 def _inject(node: PigeonProcess, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    command = [sys.executable, "-m", "pigeon", "inject", "-c", str(node.config_path), "--token", TOKEN]
+    command = ["inject", "-c", str(node.config_path), "--token", TOKEN]
     command += ["--from", "app@example.org", *args]
-    return subprocess.run(command, input=stdin, capture_output=True, timeout=60, check=False)
+    return zygote.run(command, input=stdin, timeout=60, check=False)
 
 
 def _stored(node: PigeonProcess, recipient: str) -> dict[str, Any]:

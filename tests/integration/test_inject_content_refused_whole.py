@@ -6,12 +6,11 @@ SMTP gives the same content the same reply, word for word."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
 
+from tests.support import zygote
 from tests.support.process import PigeonProcess
 from tests.support.rawsmtp import RawSmtp
 from tests.support.sinks import wait_until
@@ -89,8 +88,8 @@ def test_smtp_refuses_such_content_with_the_very_text_http_gives(node: PigeonPro
 @pytest.mark.parametrize("case", ["long line", "loop"])
 def test_pigeon_inject_no_template_of_such_content_exits_2_with_the_reply(node: PigeonProcess, case: str) -> None:
     content, reply = CASES[case]
-    command = [sys.executable, "-m", "pigeon", "inject", "-c", str(node.config_path), "--token", TOKEN]
+    command = ["inject", "-c", str(node.config_path), "--token", TOKEN]
     command += ["--no-template", "--from", "app@example.org", "--to", "cli@example.net", "-"]
-    done = subprocess.run(command, input=content, capture_output=True, text=True, timeout=60, check=False)
+    done = zygote.run(command, input=content, text=True, timeout=60, check=False)
     assert done.returncode == 2, done
     assert f"pigeon: 400: {reply} ($.content)" in done.stderr

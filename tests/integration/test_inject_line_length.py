@@ -6,14 +6,13 @@ is refused before anything is composed, naming the field."""
 from __future__ import annotations
 
 import email
-import subprocess
-import sys
 from collections.abc import Iterator
 from email.message import EmailMessage
 from email.policy import default
 
 import pytest
 
+from tests.support import zygote
 from tests.support.process import PigeonProcess
 from tests.support.rawsmtp import RawSmtp
 
@@ -71,9 +70,9 @@ def test_parts_with_a_line_over_max_line_length_are_taken_and_read_back(node: Pi
 
 
 def test_pigeon_inject_of_a_text_with_a_line_over_max_line_length_exits_0(node: PigeonProcess) -> None:
-    command = [sys.executable, "-m", "pigeon", "inject", "-c", str(node.config_path), "--token", TOKEN]
+    command = ["inject", "-c", str(node.config_path), "--token", TOKEN]
     command += ["--from", "app@example.org", "--to", "cli@example.net", "--subject", "hi", "--text", LINE]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    done = zygote.run(command, text=True, timeout=60, check=False)
     assert done.returncode == 0, done
     text = _stored(node, done.stdout.split()[-1]).get_body(("plain",))
     assert text is not None and text.get_content().rstrip("\r\n") == LINE

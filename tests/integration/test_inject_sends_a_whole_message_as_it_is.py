@@ -7,12 +7,12 @@ send it as it is (README, "HTTP API and operator commands")."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support import zygote
 from tests.support.process import PigeonProcess
 
 TOKEN = "whole-token-0123456789abcdef"
@@ -32,9 +32,9 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PigeonProcess]:
 
 
 def _inject(node: PigeonProcess, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    command = [sys.executable, "-m", "pigeon", "inject", "-c", str(node.config_path), "--token", TOKEN]
+    command = ["inject", "-c", str(node.config_path), "--token", TOKEN]
     command += ["--from", "news@example.org", *args]
-    return subprocess.run(command, input=stdin, capture_output=True, timeout=60, check=False)
+    return zygote.run(command, input=stdin, timeout=60, check=False)
 
 
 def _stored(node: PigeonProcess, recipient: str) -> bytes:

@@ -7,11 +7,11 @@ import http.client
 import os
 import smtplib
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support import zygote
 from tests.support.process import PigeonProcess
 
 ACME = "acme-reader-0123456789abcdef"
@@ -19,7 +19,7 @@ ACME = "acme-reader-0123456789abcdef"
 
 def _cli(*args: str) -> subprocess.CompletedProcess[bytes]:
     """The command, its stdout as bytes: what `> msg.eml` gets."""
-    return subprocess.run([sys.executable, "-m", "pigeon", *args], capture_output=True, timeout=60)
+    return zygote.run([*args], timeout=60)
 
 
 def _message(size: int, subject: bytes = b"plain") -> bytes:

@@ -7,14 +7,13 @@ itself stops the loop after max_hops receptions."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from pigeon.dkim.keys import generate_key, write_key
+from tests.support import zygote
 from tests.support.process import PigeonProcess, to_toml
 from tests.support.rawsmtp import RawSmtp
 from tests.support.sinks import ScriptedSink, delivery_config
@@ -86,9 +85,9 @@ def _http(pigeon: PigeonProcess, message: bytes) -> str:
 def _cli(pigeon: PigeonProcess, message: bytes, directory: Path) -> str:
     path = directory / "message.eml"
     path.write_bytes(message)
-    command = [sys.executable, "-m", "pigeon", "inject", "-c", str(pigeon.config_path), "--token", TOKEN]
+    command = ["inject", "-c", str(pigeon.config_path), "--token", TOKEN]
     command += ["--json", "--no-template", "--from", "app@example.org", "--to", "cli@example.net", str(path)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    done = zygote.run(command, text=True, timeout=60, check=False)
     if done.returncode == 2:  # refused whole (400), as README's exit table says
         return done.stderr.strip().removeprefix("pigeon: 400: ").removesuffix(" ($.content)")
     (result,) = json.loads(done.stdout)["recipients"]

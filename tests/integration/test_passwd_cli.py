@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from pigeon.listener.passwords import PasswordFile
+from tests.support import zygote
 from tests.support.process import PigeonProcess
 
 
 def passwd(*args: str, password: str = "s3cret") -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pigeon", "passwd", *args, "--stdin"], input=password + "\n",
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    return zygote.run(["passwd", *args, "--stdin"], input=password + "\n", text=True, timeout=60)
 
 
 def test_passwd_c_creates_the_users_file_with_mode_0600(tmp_path: Path) -> None:
@@ -95,8 +95,7 @@ def test_passwd_refuses_a_bad_user_name_before_asking_for_the_password(tmp_path:
     users = tmp_path / "users"
     for name in ("bad user", "x:y"):
         # Not --stdin: the password would be asked for (twice) first, and only then refused.
-        result = subprocess.run([sys.executable, "-m", "pigeon", "passwd", "-c", str(users), name], input="",
-                                capture_output=True, text=True, timeout=60)  # fmt: skip
+        result = zygote.run(["passwd", "-c", str(users), name], input="", text=True, timeout=60)
         assert result.returncode == 2, result.stderr
         assert "Password for" not in result.stdout + result.stderr
         assert f"pigeon: {name!r}: a user name must be non-empty, without ':'" in result.stderr

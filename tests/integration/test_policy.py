@@ -9,7 +9,6 @@ import signal
 import smtplib
 import socket
 import subprocess
-import sys
 import textwrap
 import time
 import urllib.request
@@ -18,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import zygote
 from tests.support.attacks import worker_pids
 from tests.support.process import PigeonProcess
 from tests.support.rawsmtp import RawSmtp
@@ -810,7 +810,7 @@ def test_mail_from_and_rcpt_to_hooks_hold_for_http_injection_and_pigeon_inject(t
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pigeon", *args], capture_output=True, text=True, timeout=60)
+    return zygote.run([*args], text=True, timeout=60)
 
 
 # --- loading and reloading ------------------------------------------------------------------

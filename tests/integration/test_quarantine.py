@@ -7,9 +7,9 @@ import shlex
 import smtplib
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 
+from tests.support import zygote
 from tests.support.process import PigeonProcess
 from tests.support.sinks import ScriptedSink, delivery_config
 
@@ -41,7 +41,7 @@ def test_corrupt_entry_is_quarantined_and_logged_after_the_start(tmp_path: Path)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pigeon", *args], capture_output=True, text=True, timeout=60)
+    return zygote.run([*args], text=True, timeout=60)
 
 
 def test_quarantine_lists_each_entry_with_its_reason_and_saves_what_can_be_sent_again(tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import smtplib
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import zygote
 from tests.support.process import PigeonProcess
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
 
@@ -57,10 +57,13 @@ def _list(pigeon: PigeonProcess, query: str = "", token: str = READER) -> tuple[
 
 
 def _cli(pigeon: PigeonProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pigeon", "queue", "list", *args, "-c", str(pigeon.config_path), "--token", READER],
-        capture_output=True, text=True, timeout=60, cwd=pigeon.root, check=False,
-    )  # fmt: skip
+    return zygote.run(
+        ["queue", "list", *args, "-c", str(pigeon.config_path), "--token", READER],
+        text=True,
+        timeout=60,
+        cwd=pigeon.root,
+        check=False,
+    )
 
 
 def test_queue_list_shows_exactly_the_deferred_mail_with_its_last_reply(tmp_path: Path, sink: ScriptedSink) -> None:

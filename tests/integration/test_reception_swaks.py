@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
+from tests.support import zygote
 from tests.support.process import PigeonProcess
 from tests.support.tools import swaks
 
@@ -48,12 +47,11 @@ def test_starttls_upgrades_and_the_message_records_esmtps(pigeon: PigeonProcess)
 def _users_file(root: Path) -> Path:
     users = root / "users"
     root.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [sys.executable, "-m", "pigeon", "passwd", "-c", str(users), "alice", "--stdin"],
+    zygote.run(
+        ["passwd", "-c", str(users), "alice", "--stdin"],
         input="wonderland\n",
         text=True,
         check=True,
-        capture_output=True,
     )
     return users
 

@@ -15,8 +15,6 @@ from __future__ import annotations
 import base64
 import signal
 import ssl
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ import pytest
 from pigeon.listener.passwords import set_password
 from pigeon.listener.tls import ensure_self_signed
 from pigeon.tls import server_context
+from tests.support import zygote
 from tests.support.process import PigeonProcess, to_toml
 from tests.support.rawsmtp import RawSmtp
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
@@ -280,10 +279,11 @@ def test_an_unreserved_route_with_a_reserved_routes_account_is_warned_about_by_c
         "mail, or none's): by either, its tenants' mail goes out through that one account; give them the same "
         "tenants, or each an account of its own"
     )
-    checked = subprocess.run(
-        [sys.executable, "-m", "pigeon", "serve", "--check", "-c", str(node.config_path)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    checked = zygote.run(
+        ["serve", "--check", "-c", str(node.config_path)],
+        text=True,
+        timeout=60,
+    )
     assert checked.returncode == 0, checked.stderr
     assert f"pigeon: warning: {warning}\n" in checked.stderr, checked.stderr
     assert checked.stderr.count("logs in to") == 1, checked.stderr  # #2 is reserved alike: no word of it
@@ -293,8 +293,9 @@ def test_an_unreserved_route_with_a_reserved_routes_account_is_warned_about_by_c
     config["route"][2]["tenants"] = ["globex"]
     alike = tmp_path / "alike.toml"
     alike.write_text(to_toml({**node.config, "route": config["route"]}))
-    checked = subprocess.run(
-        [sys.executable, "-m", "pigeon", "serve", "--check", "-c", str(alike)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    checked = zygote.run(
+        ["serve", "--check", "-c", str(alike)],
+        text=True,
+        timeout=60,
+    )
     assert checked.returncode == 0 and "logs in to" not in checked.stderr, checked.stderr

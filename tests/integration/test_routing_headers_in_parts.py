@@ -11,13 +11,12 @@ is the name itself, and refuses what no name holds). README: "HTTP injection".""
 from __future__ import annotations
 
 import smtplib
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from tests.support import zygote
 from tests.support.process import PigeonProcess
 from tests.support.sinks import wait_until
 
@@ -100,10 +99,10 @@ def test_a_later_recipient_whose_rendered_header_names_no_queue_is_refused_alone
 
 
 def test_pigeon_inject_with_a_header_that_names_no_queue_exits_2_as_with_the_option(node: PigeonProcess) -> None:
-    command = [sys.executable, "-m", "pigeon", "inject", "-c", str(node.config_path), "--token", TOKEN]
+    command = ["inject", "-c", str(node.config_path), "--token", TOKEN]
     command += ["--from", "a@example.org", "--to", "c13@example.net", "--subject", "s", "--text", "body"]
-    by_header = subprocess.run([*command, "--header", "X-Campaign=inbound"], capture_output=True, timeout=60)
-    by_option = subprocess.run([*command, "--campaign", "inbound"], capture_output=True, timeout=60)
+    by_header = zygote.run([*command, "--header", "X-Campaign=inbound"], timeout=60)
+    by_option = zygote.run([*command, "--campaign", "inbound"], timeout=60)
     assert (by_header.returncode, by_option.returncode) == (2, 2), (by_header, by_option)
     assert "($.content.headers.X-Campaign)" in by_header.stderr.decode(), by_header
     assert "($.campaign)" in by_option.stderr.decode(), by_option

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import zygote
 from tests.support.ports import free_address
 from tests.support.process import ROOT, PigeonProcess, to_toml
 from tests.support.sinks import ScriptedSink, delivery_config
@@ -294,9 +295,8 @@ def test_serve_check_refuses_a_user_out_of_reach_of_the_interpreter_as_a_start_d
     (refusal,) = [line for line in said.splitlines() if line.startswith("pigeon: cannot start: ")]
     assert f"out of reach of the [node] user {stranger.pw_name!r}" in refusal, said
     assert not (root / "spool").exists() and not (root / "log").exists(), said  # nothing made, nothing given
-    check = subprocess.run(
-        [sys.executable, "-m", "pigeon", "serve", "--check", "-c", str(root / "pigeon.toml")],
-        capture_output=True,
+    check = zygote.run(
+        ["serve", "--check", "-c", str(root / "pigeon.toml")],
         text=True,
         timeout=60,
     )
@@ -313,18 +313,16 @@ def test_serve_check_judges_a_config_shared_with_the_users_group_as_that_user_wo
     pigeon = PigeonProcess(shared_tmp / "node", node={"user": system_user.pw_name}, tables={"http.token": [token]})
     os.chown(pigeon.config_path, 0, system_user.pw_gid)
     pigeon.config_path.chmod(0o640)
-    check = subprocess.run(
-        [sys.executable, "-m", "pigeon", "serve", "--check", "-c", str(pigeon.config_path)],
-        capture_output=True,
+    check = zygote.run(
+        ["serve", "--check", "-c", str(pigeon.config_path)],
         text=True,
         timeout=60,
     )
     assert (check.returncode, check.stdout) == (0, f"{pigeon.config_path}: ok\n")
     assert "is readable by" not in check.stderr, check.stderr
     pigeon.config_path.chmod(0o644)
-    check = subprocess.run(
-        [sys.executable, "-m", "pigeon", "serve", "--check", "-c", str(pigeon.config_path)],
-        capture_output=True,
+    check = zygote.run(
+        ["serve", "--check", "-c", str(pigeon.config_path)],
         text=True,
         timeout=60,
     )

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from tests.support import zygote
 from tests.support.dns import DnsServer, Zone
 
 GOOD = """\
@@ -48,7 +49,7 @@ mx_suffixes = ["not a host"]
 
 
 def pigeon_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pigeon", *args], capture_output=True, text=True, cwd=cwd, timeout=60)
+    return zygote.run([*args], text=True, cwd=cwd, timeout=60)
 
 
 def test_check_accepts_a_good_file_with_a_summary(tmp_path: Path) -> None:

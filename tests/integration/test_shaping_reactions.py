@@ -16,7 +16,6 @@ import re
 import signal
 import smtplib
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -26,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import zygote
 from tests.support.process import PigeonProcess, to_toml
 from tests.support.services import RedisServer
 from tests.support.sinks import ScriptedSink, TurnAwaySink, delivery_config, peak_connections, wait_until
@@ -183,13 +183,13 @@ def _single(root: Path, sink: ScriptedSink | TurnAwaySink, **reaction: Any) -> P
 
 
 def _cli(node: PigeonProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "pigeon", *args, "-c", str(node.config_path)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
+    command = [*args, "-c", str(node.config_path)]
+    return zygote.run(command, text=True, timeout=60, check=True)
 
 
 def _status(node: PigeonProcess, *options: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "pigeon", "shaping", "status", "-c", str(node.config_path), *options]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    command = ["shaping", "status", "-c", str(node.config_path), *options]
+    return zygote.run(command, text=True, timeout=60, check=False)
 
 
 def test_shaping_status_lists_a_live_effect_and_its_records_are_written(tmp_path: Path) -> None:
@@ -243,10 +243,12 @@ def test_an_operator_ends_a_suspension_early_and_the_mail_it_held_goes_at_once(t
             took = time.monotonic() - started
             records = node.wait_records("ShapingEffect", 2)
             listed = json.loads(_status(node, "--json").stdout)
-            again = subprocess.run(
-                [sys.executable, "-m", "pigeon", "shaping", "end", created["effect"], "-c", str(node.config_path)],
-                capture_output=True, text=True, timeout=60, check=False,
-            )  # fmt: skip
+            again = zygote.run(
+                ["shaping", "end", created["effect"], "-c", str(node.config_path)],
+                text=True,
+                timeout=60,
+                check=False,
+            )
     assert f"ended suspend site:{sink.endpoint} (effect {created['effect']}, rule sink-says-so)" in ended.stdout
     assert took < 10
     assert [(r["event"], r["effect"]) for r in records] == [(e, created["effect"]) for e in ("created", "ended")]

@@ -6,14 +6,13 @@ second one fails (451 4.3.0). An EHLO name over 255 octets is refused (501 5.5.2
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support import zygote
 from tests.support.process import PigeonProcess
 from tests.support.rawsmtp import RawSmtp
 from tests.support.sinks import wait_until
@@ -136,9 +135,9 @@ def test_a_recipient_whose_substitutions_add_a_second_from_is_refused_alone(pige
 def test_pigeon_inject_of_a_file_with_two_from_fails_naming_it(pigeon: PigeonProcess, tmp_path: Path) -> None:
     path = tmp_path / "message.eml"
     path.write_bytes(TWO_FROM)
-    command = [sys.executable, "-m", "pigeon", "inject", "-c", str(pigeon.config_path), "--token", TOKEN]
+    command = ["inject", "-c", str(pigeon.config_path), "--token", TOKEN]
     command += ["--from", "app@example.org", "--to", "cli@example.net", str(path)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    done = zygote.run(command, text=True, timeout=60, check=False)
     assert done.returncode == 2, done
     assert "more than one From header field" in done.stderr
 

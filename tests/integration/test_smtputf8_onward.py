@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import base64
 import smtplib
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support import zygote
 from tests.support.process import PigeonProcess
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
 
@@ -146,9 +145,9 @@ def _through(node: PigeonProcess, door: str, recipient: str, data: bytes) -> Non
         status, answer = node.http_post("/api/v1/inject", request, TOKEN)
         assert (status, answer["accepted"]) == (200, 1), answer
     else:
-        command = [sys.executable, "-m", "pigeon", "inject", "-c", str(node.config_path), "--token", TOKEN]
+        command = ["inject", "-c", str(node.config_path), "--token", TOKEN]
         command += ["--no-template", "--from", "a@example.org", "--to", recipient, "-"]
-        done = subprocess.run(command, input=data, capture_output=True, timeout=60, check=False)
+        done = zygote.run(command, input=data, timeout=60, check=False)
         assert done.returncode == 0, done
 
 
@@ -208,9 +207,9 @@ def _through_bytes(node: PigeonProcess, door: str, recipient: str, data: bytes, 
     elif door == "cli":
         path = tmp_path / "latin.eml"
         path.write_bytes(data)
-        command = [sys.executable, "-m", "pigeon", "inject", "-c", str(node.config_path), "--token", TOKEN]
+        command = ["inject", "-c", str(node.config_path), "--token", TOKEN]
         command += ["--from", "a@example.org", "--to", recipient, str(path)]
-        done = subprocess.run(command, capture_output=True, timeout=60, check=False)
+        done = zygote.run(command, timeout=60, check=False)
         assert done.returncode == 0, done
     else:
         _through(node, door, recipient, data)

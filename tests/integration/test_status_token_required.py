@@ -13,13 +13,12 @@ worker and a supervisor of several alike.
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support import zygote
 from tests.support.process import PigeonProcess, to_toml
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
 
@@ -114,7 +113,7 @@ def test_a_node_started_requiring_a_token_for_its_state_still_shows_it_to_pigeon
         assert set(_get(node, "/healthz")[1]) == {"status", "detail"}
         # The `pigeon` commands send the local token, bound to no tenant.
         assert '"rates"' in node.cli("top", "--once", "--json")  # (from /metrics: 401 would exit 2)
-        command = [sys.executable, "-m", "pigeon", "top", "--once", "-c", str(node.config_path), "--token", ACME]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+        command = ["top", "--once", "-c", str(node.config_path), "--token", ACME]
+        done = zygote.run(command, text=True, timeout=60, check=False)
         assert done.returncode == 2, done
         assert done.stderr.startswith("pigeon: 403: token 'acme-read' is bound to tenant acme: /metrics"), done

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import smtplib
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 import pytest
 
 from pigeon.listener.passwords import set_password
+from tests.support import zygote
 from tests.support.process import PigeonProcess
 from tests.support.sinks import wait_until
 
@@ -87,9 +87,9 @@ def _http(node: PigeonProcess, message: bytes, *, template: bool = True) -> tupl
 
 
 def _cli(node: PigeonProcess, message: bytes, *options: str) -> subprocess.CompletedProcess[bytes]:
-    command = [sys.executable, "-m", "pigeon", "inject", "-c", str(node.config_path), "--token", TOKEN, *options]
+    command = ["inject", "-c", str(node.config_path), "--token", TOKEN, *options]
     command += ["--from", "a@example.org", "--to", "b@example.net", "-"]
-    return subprocess.run(command, input=message, capture_output=True, timeout=60, check=False)
+    return zygote.run(command, input=message, timeout=60, check=False)
 
 
 def _outcome(node: PigeonProcess, door: str, message: bytes) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import zygote
 from tests.support.process import ROOT
 
 UNIT = ROOT / "contrib" / "systemd" / "pigeon.service"
@@ -41,7 +42,7 @@ def _unit_values(section: str, key: str) -> list[str]:
 
 
 def _serve(config: Path) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([sys.executable, "-m", "pigeon", "serve", "-c", str(config)], capture_output=True, timeout=60)
+    return zygote.run(["serve", "-c", str(config)], timeout=60)
 
 
 def test_the_unit_does_not_restart_a_node_refused_for_its_configuration_but_does_one_refused_for_a_busy_port(

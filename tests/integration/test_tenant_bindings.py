@@ -12,8 +12,6 @@ from __future__ import annotations
 import base64
 import re
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +22,7 @@ import pytest
 
 from pigeon.dkim.keys import PrivateKey, generate_key, record_text, write_key
 from pigeon.listener.passwords import set_password
+from tests.support import zygote
 from tests.support.dkim import dkimpy_verify, key_server
 from tests.support.dns import DnsServer, Zone
 from tests.support.process import PigeonProcess, to_toml
@@ -269,9 +268,9 @@ def test_an_unbound_token_injects_as_any_tenant(node: PigeonProcess, sink: Scrip
 
 
 def test_pigeon_inject_with_a_bound_token_is_refused_another_tenant(node: PigeonProcess) -> None:
-    command = [sys.executable, "-m", "pigeon", "inject", "-c", str(node.config_path), "--token", BOUND_TOKEN]
+    command = ["inject", "-c", str(node.config_path), "--token", BOUND_TOKEN]
     command += ["--from", "ceo@b.example", "--to", "rcpt@sink.test", "--tenant", "B", "--subject", "cli", "--text", "x"]
-    done = subprocess.run(command, capture_output=True, timeout=60, check=False)
+    done = zygote.run(command, timeout=60, check=False)
     assert done.returncode != 0, done
     assert "shop-a may not send as tenant B" in done.stderr.decode(), done
 

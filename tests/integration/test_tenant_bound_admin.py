@@ -20,7 +20,6 @@ import asyncio
 import json
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -36,6 +35,7 @@ from pigeon.queue.rules import Selector, standing_rule_id
 from pigeon.spool.shards import shard_directory
 from pigeon.spool.spool import NewMessage
 from pigeon.spool.sqlite import SqliteSpool
+from tests.support import zygote
 from tests.support.process import PigeonProcess
 from tests.support.services import RedisServer
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
@@ -194,8 +194,8 @@ def test_a_token_bound_to_a_tenant_gets_the_same_refusals_through_the_pigeon_com
         (acme,) = _inject(node, "acme")
 
         def pigeon(*args: str) -> subprocess.CompletedProcess[str]:
-            command = [sys.executable, "-m", "pigeon", *args, "-c", str(node.config_path), "--token", ACME]
-            return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+            command = [*args, "-c", str(node.config_path), "--token", ACME]
+            return zygote.run(command, text=True, timeout=60, check=False)
 
         done = pigeon("bounce", "--tenant", "globex", "--reason", "x")
         assert done.returncode == 2, done

@@ -13,8 +13,6 @@ worker, a supervisor of several, the `pigeon` command and a cluster; the operato
 from __future__ import annotations
 
 import ssl
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -24,6 +22,7 @@ import pytest
 
 from pigeon.listener.tls import ensure_self_signed
 from pigeon.tls import server_context
+from tests.support import zygote
 from tests.support.process import PigeonProcess
 from tests.support.services import RedisServer
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
@@ -151,9 +150,9 @@ def test_a_token_bound_to_a_tenant_gets_the_routing_refusal_through_the_pigeon_c
     ordinary, relay = sinks
     with PigeonProcess(tmp_path / "node", http={"token": TOKENS}, **_config(tmp_path, ordinary, relay)) as node:
         _inject(node, "acme")
-        command = [sys.executable, "-m", "pigeon", "rebind", "--domain", "*", "--routing-domain", "globex-relay.test",
+        command = ["rebind", "--domain", "*", "--routing-domain", "globex-relay.test",
                    "-c", str(node.config_path), "--token", ACME]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+        done = zygote.run(command, text=True, timeout=60, check=False)
         assert done.returncode == 2, done
         assert done.stderr.startswith(
             "pigeon: 403: token 'acme-admin' is bound to tenant acme: routing_domain 'globex-relay.test' "

@@ -21,6 +21,7 @@ from pigeon.queue.names import scheduled_queue
 from pigeon.spool.shards import shard_directory
 from pigeon.spool.spool import NewMessage
 from pigeon.spool.sqlite import SqliteSpool
+from tests.support import zygote
 from tests.support.process import PigeonProcess
 from tests.support.sinks import ScriptedSink, delivery_config
 
@@ -173,9 +174,9 @@ def test_top_shows_the_queues_of_the_workers_that_answered_and_names_the_missing
         tmp_path / "node", node={"workers": 2, "worker_timeout": "3s"}, delivery={"enabled": True}
     ) as pigeon:
         os.kill(_worker_pid(pigeon, 1), signal.SIGSTOP)
-        command = [sys.executable, "-m", "pigeon", "top", "--once", "-c", str(pigeon.config_path)]
+        command = ["top", "--once", "-c", str(pigeon.config_path)]
         wide = {**os.environ, "COLUMNS": "300"}  # the line naming the missing worker, uncut
-        shown = subprocess.run(command, capture_output=True, text=True, timeout=60, env=wide)
+        shown = zygote.run(command, text=True, timeout=60, env=wide)
         assert shown.returncode == 0, shown
         assert "queues of the other workers only, not every worker answered (worker 1: " in shown.stdout
         assert "no queues" not in shown.stdout  # delivery is on: not "delivery is off"

@@ -4,12 +4,12 @@ sink, and the operator's token."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+from tests.support import zygote
 from tests.support.process import PigeonProcess
 from tests.support.sinks import delivery_config
 
@@ -40,7 +40,8 @@ def admin_cluster(
 
 def admin_command(node: PigeonProcess, *args: str) -> subprocess.CompletedProcess[str]:
     """`pigeon ARGS` run against `node`'s HTTP API with the operator's token."""
-    return subprocess.run(
-        [sys.executable, "-m", "pigeon", *args, "--url", f"http://127.0.0.1:{node.http_port}", "--token", ADMIN],
-        capture_output=True, text=True, timeout=90,
-    )  # fmt: skip
+    return zygote.run(
+        [*args, "--url", f"http://127.0.0.1:{node.http_port}", "--token", ADMIN],
+        text=True,
+        timeout=90,
+    )

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pigeon.logs.reader import read_records
+from tests.support import zygote
 from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,7 +101,7 @@ class PigeonProcess:
         self.config = config
         self.config_path = root / "pigeon.toml"
         self.config_path.write_text(to_toml(config))
-        self.process: subprocess.Popen[bytes] | None = None
+        self.process: subprocess.Popen[bytes] | zygote.ForkedProcess | None = None
         self.stderr_path = root / "stderr.log"
         self._stderr_offset = 0
 
@@ -112,20 +113,24 @@ class PigeonProcess:
             raise RuntimeError(f"pigeon is already running (pid {self.process.pid}): stop it first")
         stderr = open(self.stderr_path, "ab")  # noqa: SIM115 - owned by the child
         self._stderr_offset = stderr.tell()
-        env = None
-        if self.source is not None:
-            env = {**os.environ, "PYTHONPATH": str(self.source)}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "pigeon", "serve", "-c", str(self.config_path)],
-            cwd=self.root,
-            env=env,
-            stdout=stderr,
-            stderr=stderr,
-            start_new_session=True,
-            # A test runner killed mid-run (a CI timeout, kill -9) must not leave nodes behind,
-            # holding ports and CPU for every later test: they get SIGTERM when it goes.
-            preexec_fn=functools.partial(_prepare_child, self.open_files),
-        )
+        args = ["serve", "-c", str(self.config_path)]
+        if self.source is None:
+            # Forked from a process that has imported Pigeon (tests/support/zygote.py).
+            self.process = zygote.spawn(
+                args, cwd=self.root, stdout=stderr.fileno(), stderr=stderr.fileno(), open_files=self.open_files
+            )
+        else:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "pigeon", *args],
+                cwd=self.root,
+                env={**os.environ, "PYTHONPATH": str(self.source)},
+                stdout=stderr,
+                stderr=stderr,
+                start_new_session=True,
+                # A test runner killed mid-run (a CI timeout, kill -9) must not leave nodes
+                # behind, holding ports and CPU for every later test: they get SIGTERM when it goes.
+                preexec_fn=functools.partial(_prepare_child, self.open_files),
+            )
         stderr.close()
         if wait:
             self.wait_ready()
@@ -198,10 +203,7 @@ class PigeonProcess:
 
     def cli(self, *args: str) -> str:
         """`pigeon ARGS -c <this node's config>`'s output; it must exit 0."""
-        shown = subprocess.run(
-            [sys.executable, "-m", "pigeon", *args, "-c", str(self.config_path)],
-            capture_output=True, text=True, timeout=60, cwd=self.root,
-        )  # fmt: skip
+        shown = zygote.run([*args, "-c", str(self.config_path)], text=True, cwd=self.root)
         assert shown.returncode == 0, shown.stdout + shown.stderr
         return shown.stdout
 

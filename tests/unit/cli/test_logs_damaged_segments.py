@@ -7,8 +7,9 @@ from __future__ import annotations
 import gzip
 import json
 import subprocess
-import sys
 from pathlib import Path
+
+from tests.support import zygote
 
 
 def _record(n: int) -> bytes:
@@ -16,9 +17,7 @@ def _record(n: int) -> bytes:
 
 
 def _logs(directory: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pigeon", "logs", "--dir", str(directory)], capture_output=True, text=True, timeout=60
-    )
+    return zygote.run(["logs", "--dir", str(directory)], text=True, timeout=60)
 
 
 def test_a_line_that_is_no_record_is_left_out_of_stdout_and_named_on_stderr(tmp_path: Path) -> None:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import datetime
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.support import zygote
 
 HOUR = 3600.0
 
@@ -35,9 +36,8 @@ def _write(directory: Path, now: float) -> None:
 
 
 def _logs(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pigeon", "logs", "--dir", str(directory), *args],
-        capture_output=True,
+    return zygote.run(
+        ["logs", "--dir", str(directory), *args],
         text=True,
         timeout=60,
     )
@@ -207,18 +207,14 @@ def test_a_classification_of_the_configured_rule_files_is_known(tmp_path: Path) 
         {"type": "TransientFailure", "id": "00000000000000c3", "timestamp": time.time(), "sender": "a@src.test",
          "recipient": "b@example.com", "classification": "GreylistedHere"},
     ])  # fmt: skip
-    result = subprocess.run(
+    result = zygote.run(
         [
-            sys.executable,
-            "-m",
-            "pigeon",
             "logs",
             "-c",
             str(tmp_path / "pigeon.toml"),
             "--classification",
             "greylistedhere",
         ],
-        capture_output=True,
         text=True,
         timeout=60,
     )
