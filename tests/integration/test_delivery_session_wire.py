@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+import struct
 import time
 from pathlib import Path
 from typing import Any
@@ -393,6 +394,84 @@ async def test_quit_answered_closes_at_once() -> None:
         await settle()
         assert peer.connections[0].closed
         assert peer.connections[0].sent.endswith(replies.closing("mx.test").encode())
+
+
+class ClosesAtSecondMail:
+    """A raw lock-step server that takes a message a connection: the second MAIL on one ends it,
+    unanswered, with a FIN or (`reset`) a TCP reset, as an idle timeout met just then would."""
+
+    def __init__(self, *, reset: bool) -> None:
+        self.reset = reset
+        self.connections = 0
+        self.taken: list[bytes] = []
+
+    async def __aenter__(self) -> ClosesAtSecondMail:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        writer.write(b"220 mx.test\r\n")
+        mails = 0
+        while line := await reader.readline():
+            command = line.upper()
+            if command.startswith(b"MAIL"):
+                mails += 1
+                if mails == 2:
+                    if self.reset:
+                        writer.get_extra_info("socket").setsockopt(
+                            socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                        )
+                    writer.close()
+                    return
+            if command.startswith(b"DATA"):
+                writer.write(b"354 go on\r\n")
+                self.taken.append(await reader.readuntil(b"\r\n.\r\n"))
+                writer.write(b"250 2.0.0 taken\r\n")
+            elif command.startswith(b"QUIT"):
+                writer.write(b"221 bye\r\n")
+                break
+            else:
+                writer.write(b"250 mx.test\r\n")
+        writer.close()
+
+
+@on_both_loops
+@pytest.mark.parametrize("reset", [False, True], ids=["closed", "reset"])
+async def test_a_reused_connection_ended_at_mail_sends_the_transaction_again_on_a_new_one(reset: bool) -> None:
+    async with ClosesAtSecondMail(reset=reset) as peer:
+        destination = Destination(
+            f"127.0.0.1:{peer.port}", (Hop("127.0.0.1", peer.port),), TlsPolicy.DISABLED, tls_verify=False
+        )
+        connection = await ClientConnection.open(destination, no_dns(), OPTIONS)
+        for n in range(3):
+            result, _ = await connection.send(message(f"r{n}@example.net"))
+            assert [str(reply) for reply in result.replies] == ["250 2.0.0 taken"]
+        assert connection.alive() and peer.connections == 3 and len(peer.taken) == 3
+        await connection.quit()
+
+
+@on_both_loops
+async def test_a_reused_connection_ended_at_mail_with_no_new_one_to_be_had_is_the_usual_break() -> None:
+    async with ClosesAtSecondMail(reset=False) as peer:
+        destination = Destination(
+            f"127.0.0.1:{peer.port}", (Hop("127.0.0.1", peer.port),), TlsPolicy.DISABLED, tls_verify=False
+        )
+        connection = await ClientConnection.open(destination, no_dns(), OPTIONS)
+        await connection.send(message())
+        peer.server.close()  # (no new connection: refused)
+        await peer.server.wait_closed()
+        with pytest.raises(ConnectionLost) as lost:
+            await connection.send(message())
+        reply = lost.value.reply
+        assert (reply.code, reply.enhanced) == (451, "4.4.2")
+        assert "; connecting again failed: 451 4.4.1 cannot connect to" in reply.text
+        assert lost.value.unanswered(1) == frozenset({0}) and peer.connections == 1
+        assert not connection.alive()
 
 
 # --- a server that stops reading mid-content -------------------------------------------------------

@@ -575,6 +575,10 @@ class AnswerSink(_SocketSink):
     and the client's TLS hello with plaintext, then the connection closes: a handshake that
     always fails (a client may then try again in the clear). `port`: the one to listen on
     (None: a free one), for hosts that must share one (MX hosts on addresses of their own).
+    `close_at_mail`: on each connection, the MAIL of that number (from 1) or a later one ends it, as a server's
+    idle timeout or limit of messages a connection may just as MAIL comes: closed without a word
+    (what came with it, a pipelined RCPT and BDAT, unread), or with `answer_before_close` after
+    its answer (a 250), what followed then read to the client's end.
 
     `commands` is every command line received (content not included), `sessions` the same for
     each connection apart, `contents` every message's content in full (what ended with "." or
@@ -588,9 +592,13 @@ class AnswerSink(_SocketSink):
         delays: dict[str, float] | None = None,
         host: str = "127.0.0.1",
         port: int | None = None,
+        close_at_mail: int | None = None,
+        answer_before_close: bool = False,
     ) -> None:
         self.answers = answers or {}
         self.delays = delays or {}
+        self.close_at_mail = close_at_mail
+        self.answer_before_close = answer_before_close
         self.extensions = extensions
         self.commands: list[str] = []
         self.sessions: list[list[str]] = []
@@ -639,7 +647,20 @@ class AnswerSink(_SocketSink):
                     connection.sendall(answer.encode() + b"\r\n")
             return answer
 
+        def close_at(text: str) -> None:
+            """Ends the connection at a MAIL (`close_at_mail`): counted as a drop."""
+            with contextlib.suppress(OSError):
+                if not self.answer_before_close:
+                    connection.shutdown(socket.SHUT_RDWR)
+                    return
+                say("MAIL", text)
+                connection.shutdown(socket.SHUT_WR)
+                connection.settimeout(5)
+                while connection.recv(65536):
+                    pass  # (read to the client's end: no reset may overtake the answer)
+
         session: list[str] = []
+        mails = 0
         with self._lock:
             self.sessions.append(session)
         with connection:
@@ -667,6 +688,12 @@ class AnswerSink(_SocketSink):
                         self.contents.append(content)
                     say("BDAT")
                     continue
+                mails += verb == "MAIL"
+                if verb == "MAIL" and self.close_at_mail is not None and mails >= self.close_at_mail:
+                    close_at(text)
+                    with self._lock:
+                        self.drops += 1
+                    return
                 answer = say(verb, text)
                 if verb == "STARTTLS" and answer.startswith("220"):
                     with contextlib.suppress(OSError):

@@ -20,7 +20,9 @@ see `pigeon.delivery.dane`), a host with usable TLSA records must do STARTTLS, a
 certificate is matched against them after a handshake that verified nothing itself; one that
 fails is passed over as an MTA-STS-refused host is, never tried in the clear. A server that offers CHUNKING and
 answers BDAT as a command it does not know gets the message again at once, with DATA, on a new
-connection (`ClientConnection._again_with_data`), and DATA for `NO_CHUNKING_FOR` after.
+connection (`ClientConnection._again_with_data`), and DATA for `NO_CHUNKING_FOR` after. A
+connection used before that the server closes as the next MAIL comes, before answering any of
+it, has the transaction sent again at once on a new connection (`ClientConnection.send`).
 
 The glue is an `asyncio.Protocol`, not streams: bytes go to the session as they arrive, and
 what it answers (the next command of a lock-step transaction, the content after 354) is
@@ -380,6 +382,7 @@ class _Wire(asyncio.Protocol):
         self.progress = 0.0  # loop time of the last reply (or of the start of the wait)
         self.content_wait = False  # the wait is a transaction's, whose content may take long to go
         self.unsent_seen = 0  # what `unsent` said when last looked at (progress of a long content)
+        self.dropped = False  # the server closed or reset it (not our timeout, nor a broken protocol)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport, but are one.
@@ -434,12 +437,15 @@ class _Wire(asyncio.Protocol):
     def eof_received(self) -> bool | None:
         if self.error is None:
             self.error = _CLOSED
+            self.dropped = True
         self.session.receive_data(b"")
         self.pump()
         self._wake()
         return None  # let the transport close itself
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None and self.error is None:
+            self.dropped = True  # (a reset; None: closed by us, or after the end `eof_received` saw)
         self.fail(Reply(451, "4.4.2", (f"connection lost: {exc}",)) if exc is not None else _CLOSED)
 
     def pump(self) -> None:
@@ -561,6 +567,7 @@ class ClientConnection:
         self.dane_match: Record | None = None  # the TLSA record the certificate matched
         self._unverified = False  # the last handshake failed verifying the certificate (PKIX)
         self._carried: tuple[list[Reply], list[int]] | None = None  # see `_again_with_data`
+        self._resending = False  # see `_again_fresh`
 
     def local_ip(self) -> str:
         """The address this connection is from ("": not known)."""
@@ -1075,8 +1082,35 @@ class ClientConnection:
         Raises ConnectionLost if the connection broke: the recipients the server had answered
         with a refusal keep it (`ConnectionLost.settled`), the others are a transient failure
         with its reply, which says so when the message may have been taken.
+
+        But a connection used before (a transaction done on it), alive as this one began, that the
+        server closed or reset before it answered anything of it has taken nothing: the race of a
+        server's idle timeout, or its limit of messages a connection, with our MAIL (`alive`
+        said yes a moment before). The transaction goes again at once on a new connection to
+        the same address (`_again_fresh`), and only what happens there counts. Once: the new
+        connection is no reused one. A reply of any kind to this transaction (a 250 to MAIL
+        before the close), a timeout, a broken protocol: the break stands, as above.
         """
         started = time.monotonic()
+        session = self._session
+        reused = session.transactions > 0 and session.is_ready()  # (one known dead already is not sent on)
+        seen = session.replies_received
+        try:
+            result = await self._send_once(envelope)
+        except ConnectionLost:
+            unanswered = self._session is session and session.replies_received == seen
+            if not (reused and unanswered and self._wire.dropped and self.opened_with is not None):
+                raise
+        else:
+            return result, time.monotonic() - started
+        # (Here, not in the handler: compiled by mypyc, a handler that awaits sets sys.exc_info()
+        # back to what it was when it began once done: see `open`.)
+        await self._again_fresh()
+        result = await self._send_once(envelope)
+        return result, time.monotonic() - started
+
+    async def _send_once(self, envelope: Envelope) -> Result:
+        """`send`'s transaction on this connection as it is, whatever became of it."""
         if not self._session.is_ready():
             self.broken = True
             raise ConnectionLost(self._lost(self._wire.error or _CLOSED))
@@ -1092,7 +1126,42 @@ class ClientConnection:
         result = event.result
         if result.bdat_not_understood is not None:
             result = await self._again_with_data(envelope, result)
-        return result, time.monotonic() - started
+        return result
+
+    async def _again_fresh(self) -> None:
+        """This connection, which the server closed before it answered anything of a transaction
+        (see `send`), given up for a new one to the same address, under the same TLS policy, as
+        `_again_with_data` does. Raises ConnectionLost, the close's reason saying why, if none is
+        to be had: the transaction's recipients then have the usual transient failure."""
+        assert self.opened_with is not None
+        hop, destination, policy, dane = self.opened_with
+        lost = self._lost(self._wire.error or _CLOSED)
+        _log.info(
+            "%s: %s, nothing of the next transaction answered, on a connection used before (an idle timeout or a "
+            "limit of messages a connection, met as MAIL came): the transaction goes again at once on a new connection",
+            destination.site,
+            lost,
+        )
+        self.close()
+        self._resending = True  # (until the new one is in: a stop meanwhile cut nothing that went, `cut_short`)
+        failed: Reply | None = None
+        try:
+            other = await ClientConnection._open_one(hop, self.address, destination, self.options, policy, dane)
+        except ConnectFailed as error:
+            failed = error.reply
+        if failed is not None:
+            self._resending = False
+            last = f"{lost.lines[-1]}; connecting again failed: {failed}"
+            raise ConnectionLost(Reply(lost.code, lost.enhanced, (*lost.lines[:-1], last)))
+        self._adopt(other)
+        self._resending = False
+
+    def _adopt(self, other: ClientConnection) -> None:
+        """Go on over `other`, a new connection to the same address, as this one."""
+        # (`tls_failed` stays: `opened_with` is the fallback's, so the new connection is one
+        # too, for the same failed handshake, and its recipients' records say so as well.)
+        self._wire, self._session, self.tls, self.broken = other._wire, other._session, other.tls, False
+        self.dane_match = other.dane_match
 
     async def _again_with_data(self, envelope: Envelope, result: Result) -> Result:
         """`result`, of a transaction whose BDAT the server did not understand (its session has
@@ -1122,10 +1191,7 @@ class ClientConnection:
             for index in again:
                 replies[index] = _noted(replies[index], f"; connecting again failed: {error.reply}")
             return Result(replies, result.mail_reply, result.data_reply)
-        # (`tls_failed` stays: `opened_with` is the fallback's, so the new connection is one
-        # too, for the same failed handshake, and its recipients' records say so as well.)
-        self._wire, self._session, self.tls, self.broken = other._wire, other._session, other.tls, False
-        self.dane_match = other.dane_match
+        self._adopt(other)
         replies = list(result.replies)
         self._carried = (replies, again)  # (should a stop cut what follows: `answered_before_cut`)
         rest = dataclasses.replace(envelope, recipients=[envelope.recipients[i] for i in again])
@@ -1162,7 +1228,7 @@ class ClientConnection:
         have taken the message); None if it had not gone (nothing was taken: the message is
         simply tried again)."""
         self.broken = True
-        if not self._end_may_have_arrived():
+        if self._resending or not self._end_may_have_arrived():
             return None
         return _with_note(Reply(451, "4.4.2", (f"{self.peer} did not answer before the node stopped",)))
 

@@ -12,7 +12,11 @@ field) or `[delivery] eight_bit_conversion` is off (a report of Pigeon's own goe
 same: no one would hear of its refusal). The conversion is only looked at for such a hop.
 A connection that breaks mid-transaction is a transient failure for every recipient of that
 message the server had not answered (or had accepted): one it refused keeps its refusal, a
-5xx bounced at once (`session.ConnectionLost.settled`). The agent is no longer usable.
+5xx bounced at once (`session.ConnectionLost.settled`). The agent is no longer usable. Not
+such a break: a connection used before that the server closed or reset before answering
+anything of the transaction (its idle timeout, or its limit of messages a connection, met as
+MAIL came) took nothing, and the connection sends it again at once on a new one, once
+(`session.ClientConnection.send`); what happens there is the attempt.
 
 A recipient the host answers 4xx (greylisting, a busy or broken server, a DATA deferred) is
 tried at once at the site's next host (`[delivery] try_next_mx`), within the same attempt, as
