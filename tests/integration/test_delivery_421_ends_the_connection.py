@@ -1,6 +1,6 @@
 """A 421 at any step of a transaction ends the connection (RFC 5321 3.8), even when the server
-goes on talking: its recipients without an answer of their own get the 421, and the next
-message goes on a new connection.
+goes on talking: its recipients without an answer of their own get the 421, saying which
+command it answered, and the next message goes on a new connection.
 
 Found from outside: a peer that answered RCPT with 421 and did not hang up had the connection
 reused, RSET, MAIL ..., for the next message.
@@ -18,18 +18,18 @@ from tests.support.sinks import AnswerSink, delivery_config, wait_until
 MESSAGE = b"From: <sender@example.org>\r\nSubject: 421\r\n\r\nHello.\r\n"
 BUSY = "421 4.7.0 busy, closing connection"
 
-# Where the 421 comes, and whether the server pipelines.
+# Where the 421 comes, whether the server pipelines, and the command the record says it answered.
 CASES = {
-    "mail-pipelined": ({"MAIL": BUSY}, ("PIPELINING",)),
-    "rcpt-pipelined": ({"RCPT": BUSY}, ("PIPELINING",)),
-    "rcpt-lockstep": ({"RCPT": BUSY}, ()),
-    "data-lockstep": ({"DATA": BUSY}, ()),
-    "dot-pipelined": ({".": BUSY}, ("PIPELINING",)),
-    "bdat-pipelined": ({"BDAT": BUSY}, ("PIPELINING", "CHUNKING")),
+    "mail-pipelined": ({"MAIL": BUSY}, ("PIPELINING",), "MAIL FROM"),
+    "rcpt-pipelined": ({"RCPT": BUSY}, ("PIPELINING",), "RCPT TO"),
+    "rcpt-lockstep": ({"RCPT": BUSY}, (), "RCPT TO"),
+    "data-lockstep": ({"DATA": BUSY}, (), "DATA"),
+    "dot-pipelined": ({".": BUSY}, ("PIPELINING",), "the end of data"),
+    "bdat-pipelined": ({"BDAT": BUSY}, ("PIPELINING", "CHUNKING"), "the end of data"),
     # BDAT LAST went out ahead of the RCPT's 421, but replies come in order (RFC 2920 3.1):
     # the server went away before it answered the end of data, and took no message.
-    "rcpt-chunked": ({"RCPT": BUSY}, ("PIPELINING", "CHUNKING")),
-    "mail-chunked": ({"MAIL": BUSY}, ("PIPELINING", "CHUNKING")),
+    "rcpt-chunked": ({"RCPT": BUSY}, ("PIPELINING", "CHUNKING"), "RCPT TO"),
+    "mail-chunked": ({"MAIL": BUSY}, ("PIPELINING", "CHUNKING"), "MAIL FROM"),
 }
 
 
@@ -39,7 +39,7 @@ def test_a_421_anywhere_in_a_transaction_ends_the_connection_and_defers_with_the
     with ExitStack() as stack:
         sinks = {
             name: stack.enter_context(AnswerSink(answers, extensions=extensions))
-            for name, (answers, extensions) in CASES.items()
+            for name, (answers, extensions, _) in CASES.items()
         }
         config = delivery_config("unused", retry_interval="1h")
         config["route"] = [
@@ -51,10 +51,13 @@ def test_a_421_anywhere_in_a_transaction_ends_the_connection_and_defers_with_the
                 client.sendmail("sender@example.org", [f"m{n}@{name}.example" for name in sinks], MESSAGE)
         failures = wait_until(lambda: len(found := pigeon.records("TransientFailure")) == 2 * len(sinks) and found)
         for record in failures:
+            name = record["recipient"].partition("@")[2].removesuffix(".example")
             response = record["response"]
             assert (response["code"], response["enhanced"]) == (421, "4.7.0"), record  # the server's words
-            # A 421 is a definite no, wherever it comes: never "may be delivered twice".
-            assert response["text"] == "busy, closing connection", record
+            # A 421 is a definite no, wherever it comes: never "may be delivered twice". Where
+            # it came is said after the server's words, as for a 421 to EHLO.
+            answered = f"(answer of [127.0.0.1]:{sinks[name].port} to {CASES[name][2]})"
+            assert response["text"] == f"busy, closing connection {answered}", record
         for name, sink in sinks.items():
             wait_until(lambda sink=sink: sink.drops == 2)
             assert sink.quits == 0, name  # closed at once: no QUIT into what the server left behind

@@ -226,8 +226,11 @@ async def test_the_reply_to_the_end_of_data_may_take_data_done_timeout_not_reply
         with pytest.raises(ConnectionLost) as lost:
             await connection.send(message())
         assert 2.0 <= time.monotonic() - started < 2.9
+        # (With PIPELINING and CHUNKING the server answers the whole group after the content:
+        # MAIL is the first command unanswered.)
+        stage = " to answer MAIL FROM" if pipelining and chunking else ""
         assert str(lost.value.reply) == (
-            f"451 4.4.2 timeout waiting for [127.0.0.1]:{peer.port}; "
+            f"451 4.4.2 timeout waiting for [127.0.0.1]:{peer.port}{stage}; "
             "no reply to the end of data: the message may be delivered twice"
         )
 
@@ -255,7 +258,7 @@ async def test_a_server_gone_quiet_mid_transaction_times_out_as_connection_lost(
             await connection.send(message())
         # (The content went with MAIL, as BDAT ... LAST: the server may have taken it.)
         assert str(lost.value.reply) == (
-            f"451 4.4.2 timeout waiting for [127.0.0.1]:{peer.port}; "
+            f"451 4.4.2 timeout waiting for [127.0.0.1]:{peer.port} to answer MAIL FROM; "
             "no reply to the end of data: the message may be delivered twice"
         )
         assert connection.broken and not connection.alive()
@@ -365,7 +368,8 @@ async def test_a_421_to_rcpt_after_bdat_last_went_out_is_the_servers_no_not_a_me
     async with server(answers=answers) as peer:
         connection = await connect(peer)
         result, _ = await connection.send(message("b@example.net", "c@example.net"))
-        assert result.replies == [busy, busy]
+        quoted = Reply(421, "4.3.2", (f"going away (answer of [127.0.0.1]:{peer.port} to RCPT TO)",))
+        assert result.replies == [quoted, quoted]
         assert not connection.alive()
         (session,) = peer.connections
         assert b"BDAT" in session.received  # the content had gone out ahead of the 421
@@ -554,7 +558,9 @@ async def test_a_server_that_stops_reading_mid_content_never_gets_the_end_after_
         connection = await ClientConnection.open(destination, no_dns(), options)
         with pytest.raises(ConnectionLost) as lost:
             await connection.send(Envelope("a@example.org", [Recipient("b@example.net")], body))
-        assert str(lost.value.reply) == f"451 4.4.2 timeout waiting for [127.0.0.1]:{peer.port}"
+        assert str(lost.value.reply) == (
+            f"451 4.4.2 timeout waiting for [127.0.0.1]:{peer.port} to take the message's content"
+        )
         assert (connection.tls is not None) is tls
         await connection.quit()
         peer.resume.set()

@@ -9,8 +9,9 @@ EHLO or HELO, whether to STARTTLS under the route's TLS policy, EHLO again on TL
 after an unfinished transaction, QUIT. This layer only moves bytes, starts TLS when the
 session says so, enforces the timeouts, and turns failures into replies a log reader
 understands: the server's own 4xx when it turned us away with one (a 421 banner, a 421 to
-EHLO: what the reactions read), `451 4.4.1` for a host that would not talk otherwise,
-`451 4.4.2` for a timeout or a dropped connection, `451 4.5.0` for a server that broke the
+EHLO: what the reactions read; a 421 within a transaction is quoted so too), `451 4.4.1` for
+a host that would not talk otherwise, `451 4.4.2` for a timeout or a dropped connection
+(naming the command left unanswered), `451 4.5.0` for a server that broke the
 protocol, `451 4.7.4` when TLS is required and not to be had (`4.7.5`: its handshake failed),
 `451 4.7.x authentication as USER failed: ...` when a smart host's AUTH did not work (the
 operator's business: a WARNING says so, and the mail is deferred, never bounced). A route with
@@ -59,7 +60,7 @@ from pigeon.delivery.routes import Destination, Hop, connection_order
 from pigeon.delivery.tls_report import Counts, classify, note_lookup_failed, note_opened, note_refused
 from pigeon.delivery.warning_pace import WarningPace
 from pigeon.listener.tls import describe
-from pigeon.smtp.client import Capabilities, ClientProtocolError, Envelope, Result
+from pigeon.smtp.client import END_OF_DATA, Capabilities, ClientProtocolError, Envelope, Result
 from pigeon.smtp.client_session import (
     NEED_DATA,
     ClientSession,
@@ -1123,7 +1124,7 @@ class ClientConnection:
             self.broken = True
             reason = self._unanswered_end(self._lost(self._wire.error or _CLOSED))
             raise ConnectionLost(reason, self._session.settled())
-        result = event.result
+        result = self._quoted(event.result)
         if result.bdat_not_understood is not None:
             result = await self._again_with_data(envelope, result)
         return result
@@ -1243,13 +1244,14 @@ class ClientConnection:
         they stand (a restart must not send again what the server took). None if not."""
         for event in self._wire.events:
             if isinstance(event, TransactionDone):
+                answered = self._quoted(event.result).replies
                 if self._carried is None:
-                    return list(event.result.replies)
+                    return list(answered)
                 # The answers of a transaction sent again with DATA, to some of the recipients
                 # of the one cut: the others keep what the first said.
                 replies, again = self._carried
                 replies = list(replies)
-                for index, reply in zip(again, event.result.replies, strict=True):
+                for index, reply in zip(again, answered, strict=True):
                     replies[index] = reply
                 return replies
         return None
@@ -1313,15 +1315,50 @@ class ClientConnection:
         return wire.events.popleft()
 
     def _lost(self, reason: Reply) -> Reply:
-        """The reason, naming the peer: "451 4.4.2 mx.example.net [192.0.2.1]:25 closed the connection"."""
-        if reason is _TIMED_OUT:
-            if self._session.phase is Phase.BANNER and self.tls is None:
+        """The reason, naming the peer and the command it left unanswered, as Postfix does
+        ("lost connection with mx while sending RCPT TO"): "451 4.4.2 mx.example.net
+        [192.0.2.1]:25 closed the connection after MAIL FROM", "451 4.4.2 timeout waiting for
+        mx.example.net [192.0.2.1]:25 to answer RCPT TO". Without it, a server that hangs up at
+        MAIL (a sender it will not have) read the same as one that hangs up at DATA (content
+        it will not have), and a timeout at EHLO the same as one at MAIL."""
+        peer = self.peer
+        session = self._session
+        if reason is _TIMED_OUT and session.phase is Phase.BANNER:
+            if self.tls is None:
                 # A server that speaks first on TLS (port 465) sends nothing in the clear: the
                 # usual cause of a greeting that never comes, and the fix is the route's.
                 hint = '; a port that starts with TLS (465) needs the route\'s tls = "implicit"'
-                return Reply(451, "4.4.2", (f"timeout waiting for the greeting of {self.peer}{hint}",))
-            return Reply(451, "4.4.2", (f"timeout waiting for {self.peer}",))
-        return Reply(reason.code, reason.enhanced, (f"{self.peer} {reason.text}",))
+                return Reply(451, "4.4.2", (f"timeout waiting for the greeting of {peer}{hint}",))
+            return Reply(451, "4.4.2", (f"timeout waiting for the greeting of {peer}",))
+        stage = session.unanswered()
+        content = False  # the message's content had not all left this host
+        if stage == END_OF_DATA:
+            if self._wire.holds_unsent():
+                content = True
+            elif self._end_may_have_arrived():
+                stage = None  # (the note `_unanswered_end` adds names it, and what it may mean)
+        if reason is _TIMED_OUT:
+            if content:
+                return Reply(451, "4.4.2", (f"timeout waiting for {peer} to take the message's content",))
+            to_answer = f" to answer {stage}" if stage is not None else ""
+            return Reply(451, "4.4.2", (f"timeout waiting for {peer}{to_answer}",))
+        text = f"{peer} {reason.text}"
+        if content:
+            text += " during the message's content"
+        elif stage is not None:
+            # (A reset's text ends with the system's words: the stage goes in brackets after them.)
+            text += f" after {stage}" if reason is _CLOSED else f" (after {stage})"
+        return Reply(reason.code, reason.enhanced, (text,))
+
+    def _quoted(self, result: Result) -> Result:
+        """`result`, with a 421 that ended it (`Result.closing`) saying where it came from, as
+        one to EHLO does (`Unusable.explain`): "421 4.3.2 shutting down (answer of mx
+        [192.0.2.1]:25 to RCPT TO)". The server's words stay first, for the reactions."""
+        closing = result.closing
+        if closing is None:
+            return result
+        quoted = _noted(closing, f"(answer of {self.peer} to {result.closing_answered})")
+        return dataclasses.replace(result, replies=[quoted if reply == closing else reply for reply in result.replies])
 
 
 def _warn_testing(sts: Applied, host: str, peer: str, verified: bool) -> None:

@@ -322,6 +322,13 @@ class Result:
     """The server's reply to BDAT when it did not know the command (`BDAT_NOT_UNDERSTOOD`,
     though it offers CHUNKING): the message was not taken, its accepted recipients have
     `data_reply` (`bdat_not_understood()`, a 4xx), and it may go again with DATA."""
+    closing: Reply | None = None
+    """The 421 that ended the transaction (`Transaction.closing`), or None. The replies in
+    `replies` equal to it are it, as the server sent it."""
+    closing_answered: str = ""
+    """The command `closing` answered (`Transaction.unanswered`'s names: "MAIL FROM", "RCPT TO",
+    "DATA", `END_OF_DATA`, "RSET"), for the I/O layer to say where the 421 came, as it does of
+    one to EHLO; "" without a `closing`."""
 
 
 def refusal_before_sending(envelope: Envelope, peer: Capabilities) -> Reply | None:
@@ -392,6 +399,20 @@ def bdat_not_understood(reply: Reply) -> Reply:
 # What a pending reply answers.
 _RSET, _MAIL, _RCPT, _DATA, _CONTENT = range(5)
 
+END_OF_DATA: Final = "the end of data"
+"""How `Transaction.unanswered` names the end of a message's content (the final dot after DATA,
+or BDAT LAST with its chunk), in the words of the note on a break there ("no reply to the end
+of data: the message may be delivered twice")."""
+
+# How the log names each command whose reply is awaited (Postfix: "while sending MAIL FROM").
+_NAMES: Final[dict[int, str]] = {
+    _RSET: "RSET",
+    _MAIL: "MAIL FROM",
+    _RCPT: "RCPT TO",
+    _DATA: "DATA",
+    _CONTENT: END_OF_DATA,
+}
+
 # The positive replies each command may have (RFC 5321 4.2.1 and 4.3.2, RFC 3030 2 for BDAT):
 # a 2xx says it was done, and DATA alone is answered 354, to ask for the content. Any other
 # positive code is no answer to that command: a 250 to DATA was never sent the content, a 354 to
@@ -436,6 +457,7 @@ class Transaction:
         self._bdat_not_understood: Reply | None = None
         self._ended = False  # the server answered the end of the content: its transaction is over
         self._closing: Reply | None = None
+        self._closing_answered = ""  # the command `_closing` answered
 
     @property
     def done(self) -> bool:
@@ -464,6 +486,14 @@ class Transaction:
         if mail is not None and not mail.is_success:
             return False
         return any(reply is None or reply.is_success for reply in self._rcpt_replies)
+
+    def unanswered(self) -> str | None:
+        """The command whose reply comes next ("MAIL FROM", "RCPT TO", "DATA", `END_OF_DATA`,
+        "RSET"), or None when none is awaited: what a timeout or a close cut. With PIPELINING
+        several are sent at once, and replies come in their order (RFC 2920 3.1): the first
+        not answered is the one the server stopped at."""
+        pending = self._pending
+        return _NAMES[pending[0][0]] if pending else None
 
     def start(self) -> bytes:
         out = []
@@ -511,6 +541,7 @@ class Transaction:
             # CHUNKING: BDAT LAST rides with MAIL): replies come in order (RFC 2920 3.1), so
             # the server went away before it answered the end, and took no message there.
             self._closing = reply
+            self._closing_answered = _NAMES[what]
             self._pending.clear()
             return b""
         return out
@@ -570,6 +601,8 @@ class Transaction:
             self._data_reply,
             needs_reset=self._mail_ok() and not self._ended,
             bdat_not_understood=self._bdat_not_understood,
+            closing=closing,
+            closing_answered=self._closing_answered,
         )
 
     def settled(self) -> list[Reply | None]:

@@ -404,6 +404,7 @@ class ClientSession:
         self._final: Unusable | Closed | None = None
         self._closed_at_end_of_data = False  # it closed with the end of data in doubt (`end_of_data_unanswered`)
         self._cut: Transaction | None = None  # the transaction under way when the server closed (`settled`)
+        self._unanswered_at_close: str | None = None  # what `unanswered` said when the session closed
 
     # --- the three verbs ---------------------------------------------------------------------
     def receive_data(self, data: bytes) -> None:
@@ -507,6 +508,21 @@ class ClientSession:
     def _end_in_doubt(self) -> bool:
         transaction = self._transaction
         return transaction is not None and transaction.end_in_doubt
+
+    def unanswered(self) -> str | None:
+        """The command whose reply the session awaits ("EHLO", "MAIL FROM", "RCPT TO", the
+        end of data: `Transaction.unanswered`), or awaited when the server closed the
+        connection; None when it awaits none, or only the greeting (`phase` is BANNER then).
+        What a timeout or a close cut short, for the I/O layer to say (Postfix: "lost
+        connection with mx while sending RCPT TO")."""
+        if self.phase is Phase.CLOSED:
+            return self._unanswered_at_close
+        transaction = self._transaction
+        if transaction is not None:
+            return transaction.unanswered()
+        if self.phase is Phase.QUIT:
+            return "QUIT"
+        return _OPENING.get(self.phase)
 
     def settled(self) -> list[Reply | None]:
         """Of the transaction under way (the I/O layer gave up waiting: a timeout, a reset), or
@@ -714,6 +730,7 @@ class ClientSession:
             # RFC 5321 3.1 / 4.1.1.10: say goodbye even when turned away. The I/O layer writes
             # it and closes without waiting for the reply.
             self._out.append(b"QUIT\r\n")
+        self._unanswered_at_close = self.unanswered()  # (before the phase says CLOSED)
         self._closed_at_end_of_data = self._end_in_doubt()
         self._cut = self._transaction  # (None but when the server closed mid-transaction: `settled`)
         self.phase = Phase.CLOSED

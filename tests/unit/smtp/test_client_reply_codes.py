@@ -208,6 +208,15 @@ def run_session(
 
 # Where a 421 comes, in a two-recipient transaction: "RCPT2" after RCPT1's 250.
 AT_421 = ("MAIL", "RCPT1", "RCPT2", "DATA", "END")
+# How the session names the command of each step (`ClientSession.unanswered`, `Result.closing_answered`).
+ANSWERED = {
+    "RSET": "RSET",
+    "MAIL": "MAIL FROM",
+    "RCPT1": "RCPT TO",
+    "RCPT2": "RCPT TO",
+    "DATA": "DATA",
+    "END": "the end of data",
+}
 
 
 @pytest.mark.parametrize(
@@ -226,9 +235,12 @@ def test_a_421_before_the_reply_to_the_end_of_data_says_nothing_of_a_message_del
     (done,) = [event for event in seen if isinstance(event, TransactionDone)]
     assert done.result.replies == [at, at], (step, mode)
     # And nothing else: no mark that the end went unanswered, for the I/O layer to turn into
-    # a "may be delivered twice" (a Result compares as a whole, every field).
+    # a "may be delivered twice" (a Result compares as a whole, every field), but the 421 and
+    # the command it answered, which the I/O layer quotes after it.
     mail, data, reset = done.result.mail_reply, done.result.data_reply, done.result.needs_reset
-    assert done.result == Result([at, at], mail, data, needs_reset=reset), (step, mode)
+    answered = ANSWERED[step]
+    expected = Result([at, at], mail, data, needs_reset=reset, closing=at, closing_answered=answered)
+    assert done.result == expected, (step, mode)
     assert seen[-1] == Closed(at)
     assert not session.end_of_data_unanswered(), (step, mode)
 
@@ -260,6 +272,37 @@ def test_a_hang_up_says_the_message_may_be_delivered_twice_only_if_the_server_ma
     assert seen[-1] == Closed(None)
     content_out = server.content is not None
     assert session.end_of_data_unanswered() == (doubt and content_out), (drop, codes, mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("drop", ["MAIL", "RCPT1", "RCPT2", "DATA", "END"])
+def test_a_hang_up_names_the_first_command_left_unanswered(mode: str, drop: str) -> None:
+    """What the I/O layer says of the break ("closed the connection after RCPT TO"): with
+    PIPELINING every command went at once, and the first without its reply is where the
+    server stopped (RFC 2920 3.1: replies come in order)."""
+    seen, session, server = run_session({}, mode, drop=drop)
+    if drop not in [answer.text for answer in server.read]:
+        return  # (DATA in a BDAT session)
+    assert seen[-1] == Closed(None)
+    assert session.unanswered() == ANSWERED[drop], (mode, drop)
+
+
+def test_a_session_names_what_it_awaits_and_nothing_when_idle() -> None:
+    session = ClientSession("client.test", tls=TlsPolicy.DISABLED)
+    assert session.unanswered() is None  # the greeting: no command of ours
+    session.receive_data(BANNER)
+    events(session)
+    assert session.data_to_send() == b"EHLO client.test\r\n"
+    assert session.unanswered() == "EHLO"
+    session.receive_data(b"250-mx.test\r\n250 PIPELINING\r\n")
+    assert isinstance(events(session)[-1], Ready)
+    assert session.unanswered() is None
+    envelope = Envelope("a@example.org", [Recipient("b@example.net")], BODY)
+    session.send(Deliver(envelope))
+    assert session.unanswered() == "MAIL FROM"
+    session.receive_data(b"250 ok\r\n")
+    assert events(session) == []
+    assert session.unanswered() == "RCPT TO"  # (DATA went too, its reply not awaited first)
 
 
 @pytest.mark.parametrize("mode", MODES)
