@@ -152,6 +152,8 @@ def test_mail_a_policy_put_in_campaign_cbs_queue_is_held_by_a_suspension_of_cb(
                 client.sendmail("a@example.org", ["ok@d06.test"], headers.encode())
         (other,) = sink.wait_for(1)
         assert other.email["Subject"] == "other"  # campaign ca's queue: not suspended
+        # (The sink has it a moment before the node has taken it out of its spool.)
+        wait_until(lambda: len(pigeon.spool_messages()) == 1)
         (held,) = pigeon.spool_messages()
         seen = _api(pigeon, "GET", f"/api/v1/messages/{held['id']}")
         assert (seen["queue"], seen["suspended_by"]) == ("cb:tv1@d06.test", rule), seen

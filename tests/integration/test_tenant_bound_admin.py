@@ -554,8 +554,9 @@ def test_an_operation_on_another_tenants_message_by_id_says_what_one_on_an_id_no
                 ]
                 assert progress["looked_at"] == 0, progress  # (1 for globex's: its message exists)
                 # Whole seconds: to the microsecond, globex's took 10-40 times as long as none's.
+                # (Its length in whole seconds, rounded up: 2 when a loaded machine made it take over 1.)
                 assert isinstance(progress["started"], int), progress
-                assert progress["finished"] - progress["started"] == 1, progress
+                assert progress["finished"] - progress["started"] in (1, 2), progress
                 seen.append((_as_seen(answer, spool_id), _as_seen(progress, spool_id)))
             assert seen[0] == seen[1], f"{action}: another tenant's id is told apart from none"
         # A selector's operation counts its tenant's mail, not the spool's: 1, not 4.

@@ -53,7 +53,7 @@ from pigeon.spool.spool import (
 )
 
 _log = logging.getLogger(__name__)
-SCHEMA_VERSION: Final = 5
+SCHEMA_VERSION: Final = 6
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS body (
     id INTEGER PRIMARY KEY,
@@ -123,6 +123,11 @@ ALTER TABLE body ADD COLUMN at INTEGER;
 CREATE INDEX IF NOT EXISTS body_segment ON body (segment) WHERE segment IS NOT NULL;
 CREATE TABLE IF NOT EXISTS segment (id INTEGER PRIMARY KEY, live INTEGER NOT NULL);
 """,
+    # 5 -> 6: no table changes, but envelopes may carry what an operator asked of a message
+    # being sent (hold or bounce it, rebind it, if that attempt does not deliver it): a Pigeon
+    # of schema 5 would read such an envelope with the mark dropped and deliver the message,
+    # so it must refuse the spool, not start on it.
+    5: "",
 }
 _INSERT_BODY: Final = "INSERT INTO body (id, size, data, segment, at) VALUES (?, ?, ?, ?, ?)"
 _INSERT_MESSAGE: Final = (

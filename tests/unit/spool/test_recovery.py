@@ -429,6 +429,19 @@ async def test_file_that_is_not_a_database_stops_open_with_advice(tmp_path: Path
     assert (tmp_path / "spool.db").read_bytes().startswith(b"this is not a SQLite database")
 
 
+async def test_a_spool_of_schema_5_is_taken_to_6_which_a_pigeon_that_drops_after_attempt_marks_refuses(
+    tmp_path: Path,
+) -> None:
+    # Envelopes may carry a hold, bounce or rebind asked of a message being sent, which a Pigeon
+    # of schema 5 reads with the mark dropped (and delivers the message): schema 6 tells it to
+    # refuse the spool (its "written by a newer Pigeon") instead.
+    (message_id, _), *_ = await fill(tmp_path, SMALL)
+    execute(tmp_path, "PRAGMA user_version = 5")
+    async with opened(tmp_path) as (spool, report):
+        assert report.messages == 1 and spool.get(message_id) is not None
+    assert execute(tmp_path, "PRAGMA user_version") == [(6,)]
+
+
 async def test_spool_from_a_newer_pigeon_is_not_opened(tmp_path: Path) -> None:
     await fill(tmp_path, SMALL)
     execute(tmp_path, "PRAGMA user_version = 99")

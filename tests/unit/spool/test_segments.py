@@ -17,7 +17,7 @@ import pytest
 from pigeon.message import ENVELOPE_ENCODER, Envelope, Message, Recipient, format_id
 from pigeon.spool.segments import Segments
 from pigeon.spool.spool import NewMessage, SpoolFull, SpoolWriteError
-from pigeon.spool.sqlite import SqliteSpool
+from pigeon.spool.sqlite import SCHEMA_VERSION, SqliteSpool
 from tests.unit.spool.test_group_commit import opened, rows
 
 FROM = 1000  # bodies from this size go to segments in these tests
@@ -276,7 +276,7 @@ async def test_a_spool_of_the_previous_schema_is_migrated_and_keeps_its_bodies(t
         newer = await store(spool, body_of(1))
         assert spool.body(newer.body_id) == body_of(1)
         await deliver(spool, message)
-    assert rows(spool.db_path, "PRAGMA user_version") == [(5,)]
+    assert rows(spool.db_path, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
 
 
 async def test_max_size_counts_the_bytes_in_segments(tmp_path: Path) -> None:
