@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from tests.support import zygote
-from tests.support.apps import WebhookApp, customer_mail, imap_mailbox, webhook_target
+from tests.support.apps import (
+    WebhookApp,
+    customer_mail,
+    imap_mailbox,
+    mailbox_health,
+    redis_in_use_for_a_while,
+    webhook_target,
+)
 from tests.support.process import PigeonProcess, free_port
 from tests.support.services import Dovecot, RedisServer
 from tests.support.sinks import wait_until
@@ -160,6 +167,70 @@ def test_two_nodes_on_one_mailbox_without_redis_notice_each_other(tmp_path: Path
             assert (status, body["status"]) == (200, "degraded")
             assert body["inbound"]["support"]["status"] == "degraded"
             assert f"node '{other}'" in body["inbound"]["support"]["conflict"]
+
+
+def test_a_node_with_redis_notices_a_node_without_redis_on_its_mailbox(
+    tmp_path: Path, dovecot: Dovecot, redis_server: RedisServer
+) -> None:
+    """One node left without [redis] beside nodes with it (a rollout half done) hands every
+    message over again, whatever their claims: the node with Redis sees the other's keyword
+    appear on messages it claims, says so once (a WARNING) and is degraded with a `conflict`."""
+    redis_in_use_for_a_while(redis_server)  # no pause for a Redis that may have lost its data
+    with WebhookApp() as app:
+        box = imap_mailbox(dovecot, "hook", batch=2, poll_interval="1s")
+        hook_b, hook_a = (webhook_target(app, headers={"X-Test-Node": name}) for name in ("node-b", "node-a"))
+        with_redis = PigeonProcess(tmp_path / "b", node={"name": "node-b"}, redis={"url": redis_server.url},
+                                   target=[hook_b], mailbox=[box])  # fmt: skip
+        # Its batch takes every message (it marks them all), whichever the node with Redis took.
+        whole = imap_mailbox(dovecot, "hook", poll_interval="1s")
+        without = PigeonProcess(tmp_path / "a", node={"name": "node-a"}, target=[hook_a], mailbox=[whole])
+        # Each node's handoffs wait until released: the node with Redis has looked at every
+        # message (its first two batches) before the other starts, and the other has marked its
+        # batch and holds it, unacknowledged, while the node with Redis claims the rest.
+        app.hold("node-b")
+        app.hold("node-a")
+        with with_redis:
+            wait_until(lambda: mailbox_health(with_redis)["last_poll"], 10)
+            dovecot.append("app", [customer_mail(i) for i in range(10)])
+            wait_until(lambda: app.started >= 1, 20)
+            with without:
+                wait_until(lambda: dovecot.uids("app", "KEYWORD $PigeonNode_node-a"), 20)
+                app.release("node-b")
+                mailbox = wait_until(lambda: (m := mailbox_health(with_redis)).get("conflict") and m, 30)
+                app.release("node-a")
+                wait_until(lambda: not dovecot.unseen("app"), 30)
+                said = with_redis.stderr()
+                status, body = health(with_redis)
+    assert mailbox["status"] == "degraded"
+    assert (status, body["status"]) == (200, "degraded")
+    assert "node 'node-a'" in body["inbound"]["support"]["conflict"]
+    assert "without [redis]" in body["inbound"]["support"]["conflict"]
+    warnings = [line for line in said.splitlines() if "WARNING" in line and "also taken by node 'node-a'" in line]
+    assert len(warnings) == 1, said
+    assert "give node 'node-a' the same [redis] url" in warnings[0]
+
+
+def test_a_node_with_redis_takes_over_what_a_stopped_node_without_it_marked_without_a_conflict(
+    tmp_path: Path, dovecot: Dovecot, redis_server: RedisServer
+) -> None:
+    """A rollout done right: the node without [redis] stopped with its batch unacknowledged,
+    its keyword on those messages, before the nodes with Redis started. They hand them over,
+    and no conflict is said: no node runs without [redis] any more."""
+    redis_in_use_for_a_while(redis_server)
+    dovecot.append("app", [customer_mail(i) for i in range(5)])
+    with dovecot.connect("app") as imap:
+        imap.select("INBOX")
+        assert imap.uid("STORE", "1:3", "+FLAGS.SILENT", "($PigeonNode_node-a)")[0] == "OK"
+    with WebhookApp() as app:
+        box = imap_mailbox(dovecot, "hook", batch=2)
+        with PigeonProcess(tmp_path / "b", node={"name": "node-b"}, redis={"url": redis_server.url},
+                           target=[webhook_target(app)], mailbox=[box]) as node:  # fmt: skip
+            assert app.wait_distinct(5, 30) == 5
+            wait_until(lambda: not dovecot.unseen("app"), 20)
+            mailbox = wait_until(lambda: (m := mailbox_health(node))["status"] == "ok" and m, 10)
+            said = node.stderr()
+    assert "conflict" not in mailbox
+    assert "also taken by node" not in said
 
 
 def test_a_mailbox_not_connected_yet_after_the_node_starts_says_so_in_healthz(tmp_path: Path) -> None:

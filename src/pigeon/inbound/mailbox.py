@@ -129,7 +129,9 @@ _Record = TypeVar("_Record", InboundDelivery, InboundFailure)
 _FAILED_FLAG: Final = "$PigeonFailed"
 _DONE_FLAG: Final = "$PigeonDone"  # handed over; acknowledging it was refused (see the module)
 _COPIED_FLAG: Final = "$PigeonCopied"  # ... by a move without MOVE that copied it: only its removal is due
-_NODE_KEYWORD: Final = "$PigeonNode_"  # + the node's name: "this node took it" (no [redis] only)
+# + the node's name: "this node took it", set by nodes without [redis] only; nodes with it look
+# for it too (`_look_for_other_nodes`), so that one node left without it on their mailbox shows.
+_NODE_KEYWORD: Final = "$PigeonNode_"
 _KEYWORD_UNSAFE: Final = re.compile(r"[^A-Za-z0-9_.-]")
 SINGLE_NODE_RISK: Final = (
     "no [redis]: claims are held in this process only; another node watching this mailbox "
@@ -293,9 +295,20 @@ class MailboxWatcher:
         self._trouble_since: float | None = time.monotonic()
         # Without shared arbitration, this node's keyword on what it takes: another node's
         # keyword on a message we took says that node takes them too (each hands it over).
+        # With it, this node marks nothing, but the keyword of a node without it says that node
+        # runs beside it (unless a leftover: see `_leftovers`).
         self._keyword = f"{_NODE_KEYWORD}{_KEYWORD_UNSAFE.sub('_', node)[:30]}" if node else ""
         self.conflict: str | None = None
         self._conflicting: set[str] = set()  # other nodes' keywords already warned about
+        # With shared arbitration, keywords that may be leftovers, no sign of a node running
+        # beside this one: a node without [redis] stopped with its batch unacknowledged (as a
+        # rollout to Redis does) leaves its keyword on up to `_MARKED` messages. Those were in
+        # the folder when this node started: (UIDVALIDITY, the highest UID its first search
+        # found), and the UIDs among them that carried another node's keyword when this node
+        # first asked for their sizes (in `_sizes_session`). One set later, or on a message
+        # that came later, was set by a node that ran while this one did.
+        self._started_at: tuple[int, int] | None = None
+        self._leftovers: set[int] = set()
         # What the target said when it refused a whole batch for now (accepting none): a dead
         # application, or its Redis or database down. None again once it accepts one.
         self.target_error: str | None = None
@@ -670,6 +683,8 @@ class MailboxWatcher:
         await self._retry_held(session)
         uids = await session.search(f"{config.search} UNDELETED NOT KEYWORD {_FAILED_FLAG} NOT KEYWORD {_DONE_FLAG}")
         self._answered()
+        if self._started_at is None or self._started_at[0] != session.uidvalidity:
+            self._started_at = (session.uidvalidity, max(uids, default=0))
         searched = set(uids)
         self._orphans = {key: claim for key, claim in self._orphans.items() if claim.uid in searched}
         if not uids:
@@ -683,6 +698,7 @@ class MailboxWatcher:
             return False, False
         self._settled_before.intersection_update(uids)
         self._known_sizes = {uid: size for uid, size in self._known_sizes.items() if uid in searched}
+        self._leftovers.intersection_update(searched)
         # What another node held a moment ago is not asked about again until its holder had
         # time to finish: with N nodes, most claims would otherwise be wasted round trips.
         moment = time.monotonic()
@@ -942,6 +958,12 @@ class MailboxWatcher:
             marked = marking is not None and await self._mark_taken(session, marking)
         if marked:
             self._look_for_other_nodes({uid: flags for uid, (flags, _) in fetched.items()})
+        elif self._arbiter.shared:
+            # A node without [redis] heeds no claim: what it marks, it hands over too. The flags of
+            # every claimed message still there are looked at, not only of those this node hands
+            # over: one the other node acknowledged since our search (\Seen) carries its keyword.
+            fresh = {uid: flags for uid, (flags, _) in fetched.items() if uid not in self._leftovers}
+            self._look_for_other_nodes(fresh, shared=True)
         orphans = [c for c in claims if c.standing is Standing.ORPHANED]
         claims = [c for c in claims if c.standing is Standing.CLAIMED]
         too_big = [c for c in claims if sizes.get(c.uid, 0) > config.max_message_size]
@@ -1078,30 +1100,47 @@ class MailboxWatcher:
         many batches, not one per batch)."""
         if self._sizes_session is not session:
             self._sizes_session, self._known_sizes = session, {}
+            self._leftovers = set()
         known = self._known_sizes
         unknown = [uid for uid in uids if uid not in known]
         if unknown:
             ahead = [uid for uid in itertools.islice(upcoming, _SIZES_AHEAD) if uid not in known]
             described = await session.describe(unknown + ahead)
             known.update((uid, size) for uid, (size, _) in described.items())
+            if self._arbiter.shared and self._started_at is not None:
+                there = self._started_at[1]
+                self._leftovers.update(u for u, (_, flags) in described.items() if u <= there and self._others(flags))
         return {uid: known[uid] for uid in uids if uid in known}
 
-    def _look_for_other_nodes(self, marked: dict[int, tuple[str, ...]]) -> None:
-        """Another node's keyword on a message we took: that node hands it over too."""
+    def _others(self, flags: Iterable[str]) -> list[str]:
+        """The keywords of other nodes (taking messages without [redis]) among `flags`. This
+        node's own is left out: it may have run without [redis] before, under the same name."""
         mine = self._keyword.lower()
+        return [f for f in flags if f.lower().startswith(_NODE_KEYWORD.lower()) and f.lower() != mine]
+
+    def _look_for_other_nodes(self, marked: dict[int, tuple[str, ...]], *, shared: bool = False) -> None:
+        """Another node's keyword on a message we took: that node hands it over too. `shared`:
+        this node claims in Redis, and the other, without [redis], heeds none of its claims."""
         for uid, flags in sorted(marked.items()):
-            others = [f for f in flags if f.lower().startswith(_NODE_KEYWORD.lower()) and f.lower() != mine]
-            for keyword in others:
+            for keyword in self._others(flags):
                 node = keyword[len(_NODE_KEYWORD) :]
-                self.conflict = (
-                    f"UID {uid} was also taken by node {node!r} at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
-                    "several nodes watch this mailbox without [redis], and each hands every message over"
-                )
+                at = time.strftime("%Y-%m-%d %H:%M:%S")
+                if shared:
+                    self.conflict = (
+                        f"UID {uid} was also taken by node {node!r} at {at}: that node watches this mailbox "
+                        "without [redis], and hands every message over whatever the nodes with [redis] claim"
+                    )
+                    advice = f"give node {node!r} the same [redis] url as this node, or stop it"
+                else:
+                    self.conflict = (
+                        f"UID {uid} was also taken by node {node!r} at {at}: several nodes watch this mailbox "
+                        "without [redis], and each hands every message over"
+                    )
+                    advice = "give the nodes a shared [redis] url, or watch it from one node"
                 if keyword.lower() not in self._conflicting:
                     self._conflicting.add(keyword.lower())
                     self._problem(self.conflict)
-                    _log.warning("mailbox %s: %s; give the nodes a shared [redis] url, or watch it from one node",
-                                 self.config.name, self.conflict)  # fmt: skip
+                    _log.warning("mailbox %s: %s; %s", self.config.name, self.conflict, advice)
 
     def _prepare(self, fetched: _Fetched) -> asyncio.Task[Prepared | None] | None:
         """A batch target starts on the batch's work that the application cannot see (a
