@@ -63,6 +63,11 @@ _SAYS_HEADERS: Final = "Its headers are attached below"
 _SAYS_ASCII_HEADERS: Final = "Its headers (those in ASCII) are attached below"
 _OWN: Final = "LOCAL"  # the protocol of a report's envelope: written here, stored by `Intake.local`
 
+# What the delivery session says after a 421 of which command it answered, "(answer of
+# [192.0.2.1]:25 to RCPT TO)", or that it was the greeting ("(greeting of ...)"): Pigeon's
+# words for the log, not the server's, so not in a Diagnostic-Code (RFC 3464 2.3.6).
+_STAGE_NOTE: Final = re.compile(r" \((?:answer of [^()]+ to [A-Za-z ,]+|greeting of [^()]+)\)$")
+
 
 @dataclass(frozen=True, slots=True)
 class Failure:
@@ -192,6 +197,8 @@ def build_report(
         diagnostic = str(failure.reply) if failure.diagnostic is None else failure.diagnostic
         if failure.diagnostic_type == "smtp":
             diagnostic = rcpt_reply_as_sent(diagnostic)
+            if diagnostic.startswith("421 "):
+                diagnostic = _STAGE_NOTE.sub("", diagnostic)
         fields.append(f"Diagnostic-Code: {failure.diagnostic_type}; {_field(diagnostic)}")
         if failure.attempted is not None:
             fields.append(f"Last-Attempt-Date: {_date(failure.attempted)}")
