@@ -12,7 +12,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from tests.support.process import PigeonProcess
-from tests.support.sinks import AnswerSink, delivery_config, wait_until
+from tests.support.sinks import AnswerSink, delivery_config, node_failing_at_each, wait_until
 
 MESSAGE = b"From: <sender@example.org>\r\nSubject: garbled\r\n\r\nHello.\r\n"
 
@@ -30,17 +30,9 @@ def test_a_reply_with_no_valid_code_defers_and_never_bounces(tmp_path: Path) -> 
             name: stack.enter_context(AnswerSink(answers, extensions=extensions))
             for name, (answers, extensions) in CASES.items()
         }
-        config = delivery_config("unused", retry_interval="1h")
-        config["route"] = [
-            {"domain": f"{name}.example", "next_hop": sink.endpoint, "tls": "disabled"} for name, sink in sinks.items()
-        ]
-        pigeon = stack.enter_context(PigeonProcess(tmp_path / "node", **config))
-        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
-            client.sendmail("sender@example.org", [f"a@{name}.example" for name in sinks], MESSAGE)
-        failures = wait_until(lambda: len(found := pigeon.records("TransientFailure")) == len(sinks) and found)
-        by_recipient = {record["recipient"]: record for record in failures}
+        pigeon, failures = stack.enter_context(node_failing_at_each(tmp_path / "node", sinks, MESSAGE))
         for name, sink in sinks.items():
-            response = by_recipient[f"a@{name}.example"]["response"]
+            response = failures[name]["response"]
             (garbled,) = CASES[name][0].values()
             assert (response["code"], response["enhanced"]) == (451, "4.5.0"), response
             said = f"[127.0.0.1]:{sink.port} broke the protocol: a reply with no valid code: {garbled!r}"

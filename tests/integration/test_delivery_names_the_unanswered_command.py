@@ -11,12 +11,10 @@ connection" each time, so a log reader could not tell a refused sender from refu
 
 from __future__ import annotations
 
-import smtplib
 from contextlib import ExitStack
 from pathlib import Path
 
-from tests.support.process import PigeonProcess
-from tests.support.sinks import AnswerSink, delivery_config, wait_until
+from tests.support.sinks import AnswerSink, node_failing_at_each
 
 MESSAGE = b"From: <sender@example.org>\r\nSubject: unanswered\r\n\r\nHello.\r\n"
 SILENT = 8.0  # seconds a sink keeps quiet: past the test's reply_timeout (2 s)
@@ -58,17 +56,11 @@ def test_a_timeout_or_a_close_names_the_first_command_left_unanswered(tmp_path: 
             name: stack.enter_context(AnswerSink(answers, delays=delays, extensions=extensions))
             for name, (answers, delays, extensions, _) in CASES.items()
         }
-        config = delivery_config("unused", retry_interval="1h", reply_timeout="2s", data_done_timeout="2s")
-        config["route"] = [
-            {"domain": f"{name}.example", "next_hop": sink.endpoint, "tls": "disabled"} for name, sink in sinks.items()
-        ]
-        pigeon = stack.enter_context(PigeonProcess(tmp_path / "node", **config))
-        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
-            client.sendmail("sender@example.org", [f"a@{name}.example" for name in sinks], MESSAGE)
-        failures = wait_until(lambda: len(found := pigeon.records("TransientFailure")) == len(sinks) and found)
-        by_recipient = {record["recipient"]: record["response"] for record in failures}
-        texts = {name: by_recipient[f"a@{name}.example"]["text"] for name in CASES}
+        pigeon, failures = stack.enter_context(
+            node_failing_at_each(tmp_path / "node", sinks, MESSAGE, reply_timeout="2s", data_done_timeout="2s")
+        )
+        texts = {name: failures[name]["response"]["text"] for name in CASES}
         expected = {name: text.format(peer=f"[127.0.0.1]:{sinks[name].port}") for name, (*_, text) in CASES.items()}
         assert texts == expected
-        assert {(r["code"], r["enhanced"]) for r in by_recipient.values()} == {(451, "4.4.2")}
+        assert {(r["response"]["code"], r["response"]["enhanced"]) for r in failures.values()} == {(451, "4.4.2")}
         assert pigeon.records("Delivery") == []

@@ -9,12 +9,10 @@ message may be sent more than once".
 
 from __future__ import annotations
 
-import smtplib
 from contextlib import ExitStack
 from pathlib import Path
 
-from tests.support.process import PigeonProcess
-from tests.support.sinks import AnswerSink, delivery_config, wait_until
+from tests.support.sinks import AnswerSink, node_failing_at_each
 
 MESSAGE = b"From: <sender@example.org>\r\nSubject: unanswered\r\n\r\nHello.\r\n"
 TWICE = "no reply to the end of data: the message may be delivered twice"
@@ -36,17 +34,11 @@ def test_only_a_failure_after_the_content_went_says_the_message_may_be_delivered
             name: stack.enter_context(AnswerSink(answers, delays=delays, extensions=extensions))
             for name, (answers, delays, extensions, _) in CASES.items()
         }
-        config = delivery_config("unused", retry_interval="1h", reply_timeout="2s", data_done_timeout="2s")
-        config["route"] = [
-            {"domain": f"{name}.example", "next_hop": sink.endpoint, "tls": "disabled"} for name, sink in sinks.items()
-        ]
-        pigeon = stack.enter_context(PigeonProcess(tmp_path / "node", **config))
-        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
-            client.sendmail("sender@example.org", [f"a@{name}.example" for name in sinks], MESSAGE)
-        failures = wait_until(lambda: len(found := pigeon.records("TransientFailure")) == len(sinks) and found)
-        by_recipient = {record["recipient"]: record for record in failures}
+        pigeon, failures = stack.enter_context(
+            node_failing_at_each(tmp_path / "node", sinks, MESSAGE, reply_timeout="2s", data_done_timeout="2s")
+        )
         for name, (_, _, _, content_sent) in CASES.items():
-            response = by_recipient[f"a@{name}.example"]["response"]
+            response = failures[name]["response"]
             assert (response["code"], response["enhanced"]) == (451, "4.4.2"), (name, response)
             assert (TWICE in response["text"]) == content_sent, (name, response)
             assert bool(sinks[name].contents) == content_sent, name

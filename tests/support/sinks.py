@@ -47,22 +47,24 @@ import asyncio
 import contextlib
 import math
 import random
+import smtplib
 import socket
 import ssl
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from email import message_from_bytes
 from email.message import Message as EmailMessage
 from email.policy import default as default_policy
+from pathlib import Path
 from typing import Any, Self
 
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
 
-from tests.support.process import free_port
+from tests.support.process import PigeonProcess, free_port
 from tests.support.tools import require
 
 
@@ -754,3 +756,21 @@ def wait_until(predicate: Any, timeout: float = 20.0, interval: float = 0.05) ->
             return value
         time.sleep(interval)
     raise AssertionError(f"condition not met within {timeout}s")
+
+
+@contextlib.contextmanager
+def node_failing_at_each(
+    root: Path, sinks: Mapping[str, AnswerSink], message: bytes, **delivery: Any
+) -> Iterator[tuple[PigeonProcess, dict[str, dict[str, Any]]]]:
+    """A node that routes `<name>.example` to each named sink, once a message to `a@` of every
+    such domain has had an attempt at each that failed: the node, and by name the
+    TransientFailure record of its recipient. Mail waits an hour after a failed attempt."""
+    config = delivery_config("unused", retry_interval="1h", **delivery)
+    config["route"] = [  # type: ignore[assignment]  # (an array of tables)
+        {"domain": f"{name}.example", "next_hop": sink.endpoint, "tls": "disabled"} for name, sink in sinks.items()
+    ]
+    with PigeonProcess(root, **config) as pigeon:
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.sendmail("sender@example.org", [f"a@{name}.example" for name in sinks], message)
+        failures = wait_until(lambda: len(found := pigeon.records("TransientFailure")) == len(sinks) and found)
+        yield pigeon, {record["recipient"].removeprefix("a@").removesuffix(".example"): record for record in failures}
