@@ -30,7 +30,9 @@ def _fuzz(target: str, seconds: int, tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "tests.fuzz.atheris_run", target, f"-max_total_time={seconds}", "-seed=1",
          f"-artifact_prefix={crashes}/", "-print_final_stats=1"],
-        capture_output=True, timeout=seconds + 120, env={**os.environ, "PYTHONHASHSEED": "0"},
+        # (TMPDIR: what a target makes in a temporary directory, config_loader's file, goes with
+        # the test's; libFuzzer ends the process without running its atexit clean-up.)
+        capture_output=True, timeout=seconds + 120, env={**os.environ, "PYTHONHASHSEED": "0", "TMPDIR": str(tmp_path)},
     )  # fmt: skip
     found = sorted(crashes.iterdir())
     assert done.returncode == 0 and not found, (found, done.stderr.decode(errors="replace")[-4000:])
