@@ -44,7 +44,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     then those `_LONG` names. Each worker collects and sorts alike; they are handed out one by
     one in this order (--dist loadgroup), but for the tests of a module that share a fixture
     of module (or class) scope, such as one node they all ask things of: those go to one worker
-    together, or each of the six workers would start that node for its share of them."""
+    together, or each worker would start that node for its share of them."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         items.sort(key=lambda item: (-_declared_timeout(item), -_LONG.get(item.nodeid.partition("[")[0], 0)))
         for item in items:
