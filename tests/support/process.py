@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import http.client
 import json
 import os
-import resource
 import signal
 import socket
 import sqlite3
@@ -129,7 +127,7 @@ class PigeonProcess:
                 start_new_session=True,
                 # A test runner killed mid-run (a CI timeout, kill -9) must not leave nodes
                 # behind, holding ports and CPU for every later test: they get SIGTERM when it goes.
-                preexec_fn=functools.partial(_prepare_child, self.open_files),
+                preexec_fn=functools.partial(zygote.prepare_child, self.open_files),
             )
         stderr.close()
         if wait:
@@ -372,11 +370,3 @@ def _spool_rows(spool_root: Path) -> Iterator[dict[str, Any]]:
                 "envelope": decoded,
                 "data": bytes(data),
             }
-
-
-def _prepare_child(open_files: int | None) -> None:
-    """In the child, before exec: SIGTERM when the process (thread) that started it dies, and
-    its open files limit if one is given."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-    if open_files is not None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import json
 import os
+import resource
 import select
 import signal
 import socket
@@ -84,13 +86,9 @@ def _become(request: dict[str, Any], fds: list[int], zygote: int) -> None:
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     os.setsid()
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    prepare_child(request["open_files"])
     if os.getppid() != zygote:
         os._exit(70)  # the zygote died before the line above: nobody would stop this one
-    if request["open_files"] is not None:
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_NOFILE, (request["open_files"], request["open_files"]))
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
     os.closerange(3, os.sysconf("SC_OPEN_MAX"))
@@ -132,7 +130,7 @@ class _Client:
             env={**os.environ, "PIGEON_ZYGOTE_FD": str(child.fileno())},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,
+            preexec_fn=prepare_child,
         )
         child.close()
         self.channel = parent
@@ -201,8 +199,13 @@ def _exit_without_zygote(pid: int) -> tuple[int, float] | None:
     return None
 
 
-def _die_with_parent() -> None:
+def prepare_child(open_files: int | None = None) -> None:
+    """In a child being made (before its exec, or as a fork becomes `pigeon`): SIGTERM when the
+    process (thread) that made it dies, so that a test runner killed mid-run (a CI timeout,
+    kill -9) leaves no node behind holding ports and CPU; and its open files limit, if given."""
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if open_files is not None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
 
 
 _client: _Client | None = None
@@ -281,14 +284,10 @@ def spawn(
                 _broken = True
             else:
                 return ForkedProcess(client, pid, args)
-    import functools
-
-    from tests.support.process import _prepare_child
-
     return subprocess.Popen(
         [sys.executable, "-m", "pigeon", *args],
         cwd=cwd, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, start_new_session=True,
-        preexec_fn=functools.partial(_prepare_child, open_files),
+        preexec_fn=functools.partial(prepare_child, open_files),
     )  # fmt: skip
 
 
