@@ -126,6 +126,39 @@ def test_check_names_the_tag_of_a_record_verifiers_ignore_says_what_to_publish_a
     )
 
 
+def test_check_calls_a_record_with_a_part_that_is_no_tag_or_a_late_v_unusable_and_exits_1(tmp_path: Path) -> None:
+    # Each record holds the right key. A part that is no tag=value (RFC 6376 3.2) makes dkimpy and
+    # OpenDKIM refuse the record; a v= after another tag breaks RFC 6376 3.6.1 (v= first), which
+    # strict verifiers enforce. A ";" at the end and white space around tags are fine.
+    key = record_text(RSA).split("p=")[1]
+    zone = Zone(
+        records={
+            "bogus._domainkey.example.com": [("TXT", f"v=DKIM1; k=rsa; bogus; p={key}")],
+            "empty._domainkey.example.com": [("TXT", f"v=DKIM1;; k=rsa; p={key}")],
+            "late._domainkey.example.com": [("TXT", f"k=rsa; v=DKIM1; p={key}")],
+            "fine._domainkey.example.com": [("TXT", f" v=DKIM1 ;k = rsa ;  p={key} ; ")],
+            "end._domainkey.example.com": [("TXT", f"v=DKIM1; k=rsa; p={key};")],
+        }
+    )
+    blocks = [("example.com", name, RSA) for name in ("bogus", "empty", "late", "fine", "end")]
+    with DnsServer(zone) as dns:
+        result = pigeon_cli("dkim", "check", "-c", str(configure(tmp_path, dns, blocks)), cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = lines_by_name(result.stdout)
+    assert lines["bogus._domainkey.example.com"].startswith(
+        'unusable record: "bogus" is no tag=value, which makes the record invalid: take it out, '
+        "or write it as tag=value"
+    )
+    assert lines["empty._domainkey.example.com"].startswith(
+        'unusable record: an empty part (";;") makes the record invalid: publish one ";" between two tags'
+    )
+    assert lines["late._domainkey.example.com"].startswith(
+        "unusable record: v=DKIM1 comes after another tag, and v= must be first: publish v=DKIM1 first, or no v="
+    )
+    assert lines["fine._domainkey.example.com"].startswith("ok: k=rsa")
+    assert lines["end._domainkey.example.com"].startswith("ok: k=rsa")
+
+
 def test_check_exits_75_when_a_lookup_fails_and_says_so(tmp_path: Path) -> None:
     zone = Zone(
         records={"rsa._domainkey.example.com": [("TXT", record_text(RSA))]}, servfail={"ed._domainkey.example.com"}

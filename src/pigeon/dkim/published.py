@@ -5,14 +5,16 @@ in the node notices: the signer cannot know what verifiers will find. This asks 
 for `<selector>._domainkey.<domain>` (through the node's resolver, `[dns] nameservers`),
 reads the key record (RFC 6376 3.6.1, RFC 8463 4) and compares its key with the one the
 private key gives. A record that holds the key but that verifiers pass over (an h= without
-sha256, an s= without email, a k= in capitals, a tag given twice) is said to be unusable,
-not ok: mail signed with the key fails verification all the same.
+sha256, an s= without email, a k= in capitals, a tag given twice, a part that is no tag=value,
+a v= after another tag) is said to be unusable, not ok: mail signed with the key fails
+verification all the same.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import re
 from dataclasses import dataclass
 from enum import Enum
 from typing import Final
@@ -43,28 +45,42 @@ class Finding:
 
 
 _WHITESPACE: Final = str.maketrans("", "", " \t\r\n")
+_TAG_NAME: Final = re.compile(r"[A-Za-z][A-Za-z0-9_]*")  # ALPHA *ALNUMPUNC (RFC 6376 3.2)
 
 
 @dataclass(frozen=True, slots=True)
 class KeyRecord:
-    """A DKIM key record: its tags (the first of each name) and the names given more than once."""
+    """A DKIM key record: its tags (the first of each name), the names given more than once, the
+    parts that are no tag=value (white space around them taken out: "" is an empty part), and
+    whether a v= comes after another part."""
 
     tags: dict[str, str]
     repeated: tuple[str, ...] = ()
+    invalid: tuple[str, ...] = ()
+    misplaced_version: bool = False
 
 
 def key_record(text: str) -> KeyRecord | None:
     """The tags of a DKIM key record (white space around them and in p= taken out), or None
     when the text is no key record: no p= tag, or a v= other than DKIM1 (RFC 6376 3.6.1).
     Names and values are kept as written: both are case-sensitive (RFC 6376 3.2), so `P=` is
-    not `p=` to a verifier, nor `k=RSA` `k=rsa`."""
+    not `p=` to a verifier, nor `k=RSA` `k=rsa`. A part that is no tag=value is kept aside, not
+    skipped: a verifier refuses the whole record for it; a last part that is empty is none (the
+    list may end with ";")."""
     tags: dict[str, str] = {}
     repeated: list[str] = []
-    for part in text.split(";"):
+    invalid: list[str] = []
+    misplaced_version = False
+    parts = text.split(";")
+    if not parts[-1].strip():
+        parts.pop()  # a tag-list may end with ";" (RFC 6376 3.2)
+    for index, part in enumerate(parts):
         name, equals, value = part.partition("=")
         name = name.strip()
-        if not equals or not name:
+        if not equals or not _TAG_NAME.fullmatch(name):
+            invalid.append(part.strip())
             continue
+        misplaced_version |= name == "v" and index > 0
         if name in tags:
             repeated.append(name)
             continue
@@ -74,7 +90,7 @@ def key_record(text: str) -> KeyRecord | None:
     if tags.get("v", "DKIM1") != "DKIM1":
         return None
     tags["p"] = tags["p"].translate(_WHITESPACE)
-    return KeyRecord(tags, tuple(dict.fromkeys(repeated)))
+    return KeyRecord(tags, tuple(dict.fromkeys(repeated)), tuple(invalid), misplaced_version)
 
 
 def _kind(key: PrivateKey) -> str:
@@ -123,14 +139,38 @@ def _listed(value: str) -> list[str]:
     return [entry.strip() for entry in value.split(":")]
 
 
+def _not_a_tag(part: str) -> str:
+    """Why `part` of a tag-list is no tag-spec (tag-name "=" tag-value, RFC 6376 3.2)."""
+    if not part:
+        return 'an empty part (";;") makes the record invalid: publish one ";" between two tags'
+    shown = part if len(part) <= 40 else f"{part[:37]}..."
+    if "=" not in part:
+        return f'"{shown}" is no tag=value, which makes the record invalid: take it out, or write it as tag=value'
+    return (
+        f'"{shown}" has no tag name (a letter, then letters, digits or _), which makes the record invalid: '
+        "take it out, or name its tag so"
+    )
+
+
 def _one(record: KeyRecord, key: PrivateKey, kind: str) -> Finding:
     tags = record.tags
+    if record.invalid:
+        # dkimpy and OpenDKIM refuse the record whole (RFC 6376 3.2).
+        return Finding(Status.UNUSABLE, f"{_not_a_tag(record.invalid[0])} (RFC 6376 3.2)")
     if record.repeated:
         # RFC 6376 3.2: a tag must not be duplicated; dkimpy refuses the record whole.
         names = ", ".join(f"{name}=" for name in record.repeated)
         return Finding(
             Status.UNUSABLE,
             f"{names} is given twice, which makes the record invalid: publish each tag once (RFC 6376 3.2)",
+        )
+    if record.misplaced_version:
+        # RFC 6376 3.6.1: v= "MUST be the first tag in the record" if present; a verifier that
+        # holds to it refuses the record (dkimpy 1.1 and OpenDKIM 2.11 take it all the same).
+        return Finding(
+            Status.UNUSABLE,
+            f"v={tags['v']} comes after another tag, and v= must be first: publish v={tags['v']} first, or no v= "
+            "(strict verifiers refuse the record, RFC 6376 3.6.1)",
         )
     if not tags["p"]:
         return Finding(Status.REVOKED, "the record's p= is empty: the key was withdrawn (RFC 6376 3.6.1)")
