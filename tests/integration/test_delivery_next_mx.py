@@ -205,9 +205,13 @@ def test_a_4xx_got_past_at_the_next_mx_still_reaches_the_shaping_reactions(tmp_p
         assert effect["reply"].startswith(GREYLISTED)
 
 
-def test_mail_the_next_mx_cannot_take_goes_back_to_the_first_rather_than_bouncing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("second", [["jörg@example.net"], ["ok@example.net", "jörg@example.net"]], ids=["one", "mixed"])
+def test_mail_the_next_mx_cannot_take_goes_back_to_the_first_rather_than_bouncing(
+    tmp_path: Path, second: list[str]
+) -> None:
     # Hosts of one site need not offer the same: after a 4xx moved the delivery to mx2, a
-    # message needing SMTPUTF8, which only mx1 offers, goes back to mx1.
+    # message needing SMTPUTF8, which only mx1 offers, goes back to mx1. With an ASCII
+    # recipient too, all of it does: mx2 would have refused jörg alone, but mx1 takes both.
     def slowly(address: str) -> str | None:
         time.sleep(0.5)  # the next message is queued behind this one, for the same connection
         return None
@@ -217,14 +221,35 @@ def test_mail_the_next_mx_cannot_take_goes_back_to_the_first_rather_than_bouncin
         with smtplib.SMTP("127.0.0.1", site.pigeon.smtp_port) as client:
             client.sendmail("a@example.org", ["grey@example.net"], b"Subject: 1\r\n\r\nhi\r\n")
             message = b"Subject: 2\r\n\r\nhi\r\n"
-            client.sendmail("a@example.org", ["jörg@example.net"], message, mail_options=["SMTPUTF8"])
-        delivered = _by_recipient(site.pigeon.wait_records("Delivery", 2))
+            client.sendmail("a@example.org", second, message, mail_options=["SMTPUTF8"])
+        delivered = _by_recipient(site.pigeon.wait_records("Delivery", 1 + len(second)))
         assert not site.pigeon.records("Bounce")
         assert delivered["grey@example.net"]["peer"] == site.peer(2)
-        assert delivered["jörg@example.net"]["peer"] == site.peer(1)
-        assert delivered["jörg@example.net"]["attempt"] == 1
+        for recipient in second:
+            assert delivered[recipient]["peer"] == site.peer(1)
+            assert delivered[recipient]["attempt"] == 1
         assert peak_connections(site.sessions(1, 2)) == 1
         assert len(site.sessions(1)) == 2  # the same delivery went back: mx1, mx2, mx1 again
+
+
+def test_at_a_next_mx_without_smtputf8_the_ascii_recipients_go_and_the_others_keep_their_4xx(
+    tmp_path: Path,
+) -> None:
+    # mx1 offers SMTPUTF8 and greylists both; mx2 lacks it. greyé needs it (RCPT has no other
+    # form), so it waits for mx1 again rather than bouncing; grey has no need of it, nor of
+    # waiting for greyé: it is delivered at mx2 in the same attempt.
+    with _site(tmp_path, smtputf8=(1,)) as site:
+        with smtplib.SMTP("127.0.0.1", site.pigeon.smtp_port) as client:
+            message = b"Subject: mixed\r\n\r\nhi\r\n"
+            client.sendmail("a@example.org", ["grey@example.net", "greyé@example.net"], message, ["SMTPUTF8"])
+        (delivery,) = site.pigeon.wait_records("Delivery")
+        (deferred,) = site.pigeon.wait_records("TransientFailure")
+        assert (delivery["recipient"], delivery["peer"], delivery["attempt"]) == ("grey@example.net", site.peer(2), 1)
+        assert (deferred["recipient"], deferred["peer"]) == ("greyé@example.net", site.peer(1))
+        assert deferred["response"]["text"].startswith("greylisted")
+        assert [m.recipients for m in site.mx[2].received] == [["grey@example.net"]]
+        assert "SMTPUTF8" not in site.mx[2].received[0].mail_options
+        assert site.pigeon.records("Bounce") == []
 
 
 OUTCOME_POLICY = """

@@ -5,9 +5,11 @@ only so many recipients per transaction answers the rest `452 4.5.3` (RFC 5321 4
 they go in another transaction on the same connection at once, as many times as it takes,
 rather than waiting for the retry schedule. What the peer cannot take at all (SMTPUTF8 it
 lacks, over its SIZE) is a permanent, explained refusal rather than a protocol violation at
-the next hop. 8-bit data goes to a hop without 8BITMIME in a 7-bit form (`seven_bit.SevenBitHop`:
-its 8-bit parts quoted-printable, signed again where Pigeon signed it, and a report of Pigeon's
-own as `dsn.seven_bit` writes it), and is refused only when it has none (UTF-8 in a header
+the next hop; where only some recipients' addresses need the SMTPUTF8 it lacks, those alone are
+refused, and the others go without it (`client.smtputf8_refused_apart`). 8-bit data goes to a
+hop without 8BITMIME in a 7-bit form (`seven_bit.SevenBitHop`: its 8-bit parts
+quoted-printable, signed again where Pigeon signed it, and a report of Pigeon's own as
+`dsn.seven_bit` writes it), and is refused only when it has none (UTF-8 in a header
 field) or `[delivery] eight_bit_conversion` is off (a report of Pigeon's own goes 7-bit all the
 same: no one would hear of its refusal). The conversion is only looked at for such a hop.
 A connection that breaks mid-transaction is a transient failure for every recipient of that
@@ -117,33 +119,23 @@ class SmtpAgent:
         attempts: list[Attempt] = []
         self._final = attempts  # (the same list: `final` reads what is done so far)
         for item in work:  # one transaction each (batch is 1: a loop only to keep the interface)
-            envelope = original = _client_envelope(item)
-            converted = False
-            refusal = None
-            if envelope.eight_bit and "8BITMIME" not in connection.capabilities:
-                envelope, refusal = await self._seven_bit_form(item, original, connection)
-                converted = envelope is not original
-            count = len(envelope.recipients)
-            if refusal is None:
-                refusal = refusal_before_sending(envelope, connection.capabilities)
-            if refusal is not None and self._elsewhere is not None and connection.host != self._first:
+            original = _client_envelope(item)
+            envelope, refused, refusal, converted = await self._for_peer(item, original, connection)
+            if (refusal is not None or refused) and self._elsewhere is not None and connection.host != self._first:
                 # This host, one a 4xx moved the agent to, lacks what the message needs
                 # (SMTPUTF8, a SIZE, 8BITMIME): the host the agent came from may well have it.
                 other = await self._elsewhere(connection)
                 if other is None:
+                    count = len(original.recipients)
                     attempts.append(Attempt.same_for_all(_NO_WAY_BACK, count, "", site, connection.peer))
                     continue
                 self._connection = connection = other
-                envelope, converted, refusal = original, False, None
-                if envelope.eight_bit and "8BITMIME" not in connection.capabilities:
-                    envelope, refusal = await self._seven_bit_form(item, original, connection)
-                    converted = envelope is not original
-                if refusal is None:
-                    refusal = refusal_before_sending(envelope, connection.capabilities)
+                envelope, refused, refusal, converted = await self._for_peer(item, original, connection)
+            count = len(envelope.recipients)  # (those it goes to: `refused` are not among them)
             if refusal is not None:
                 classification = self._classifier.classify(refusal) if refusal.code >= 500 else ""
                 attempt = Attempt.same_for_all(refusal, count, classification, site, connection.peer)
-                attempts.append(attempt._replace(own=frozenset(range(count))))
+                attempts.append(self._with_refused(attempt._replace(own=frozenset(range(count))), refused))
                 continue
             done: list[Reply] = []  # (what the transactions answered so far: see the stop below)
             try:
@@ -165,14 +157,14 @@ class SmtpAgent:
                     auth_user=connection.auth_user,
                     tls_failed=connection.tls_failed,
                 )
-                attempts.append(attempt)
+                attempts.append(self._with_refused(attempt, refused))
                 continue
             except asyncio.CancelledError:
                 # A stop, with the transaction on the wire (the dispatcher then reports `final`).
                 # No await here: this module is compiled (setup.py).
                 cut = self._cut_short(item, envelope, connection, done)
                 if cut is not None:
-                    attempts.append(cut)
+                    attempts.append(self._with_refused(cut, refused))
                 raise
             classes = self._classifier.classify_all(replies)
             passed_on = "DSN" in connection.capabilities
@@ -189,6 +181,9 @@ class SmtpAgent:
             )
             if converted:
                 attempt = attempt._replace(converted="7bit")
+            if refused:  # from here on, indexed as the message's recipients
+                attempt = self._with_refused(attempt, refused)
+                envelope = dataclasses.replace(envelope, recipients=original.recipients)
             pending = [i for i, reply in enumerate(attempt.replies) if 400 <= reply.code < 500]
             if pending and self._elsewhere is not None:
                 self._final.append(attempt)  # (until the next host answers: see `final`)
@@ -197,6 +192,46 @@ class SmtpAgent:
                 connection = self._connection
             attempts.append(attempt)
         return attempts
+
+    async def _for_peer(
+        self, item: Work, original: client.Envelope, connection: ClientConnection
+    ) -> tuple[client.Envelope, list[int], Reply | None, bool]:
+        """What of the message (`original`) goes to `connection`: the envelope to send, the
+        recipients refused apart (by index in `original`, not in that envelope: their address
+        needs the SMTPUTF8 the host lacks, `client.smtputf8_refused_apart`), the reply of all
+        in the envelope when it cannot go at all (a refusal before sending, or a 7-bit form
+        not made), and whether the envelope is in a 7-bit form made for a host without 8BITMIME."""
+        capabilities = connection.capabilities
+        refused = client.smtputf8_refused_apart(original, capabilities)
+        envelope = original
+        if refused:
+            envelope = original.only([i for i in range(len(original.recipients)) if i not in refused])
+        refusal = None
+        converted = False
+        if envelope.eight_bit and "8BITMIME" not in capabilities:
+            seven_bit, refusal = await self._seven_bit_form(item, envelope, connection)
+            converted = seven_bit is not envelope
+            envelope = seven_bit
+        if refusal is None:
+            refusal = refusal_before_sending(envelope, capabilities)
+        return envelope, refused, refusal, converted
+
+    def _with_refused(self, attempt: Attempt, refused: list[int]) -> Attempt:
+        """`attempt`, made for the recipients that went (`_for_peer`), as the message's: each
+        of those `refused` apart (by index in the message) gets `client.NO_SMTPUTF8`, Pigeon's
+        own reply, the others theirs."""
+        if not refused:
+            return attempt
+        count = len(attempt.replies) + len(refused)
+        went = [i for i in range(count) if i not in refused]
+        reply = client.NO_SMTPUTF8
+        replies = [reply] * count
+        classes = [self._classifier.classify(reply)] * count
+        for index, own_reply, classification in zip(went, attempt.replies, attempt.classifications, strict=True):
+            replies[index], classes[index] = own_reply, classification
+        own = frozenset(refused) | frozenset(went[index] for index in attempt.own)
+        via = None if attempt.via is None else {went[index]: host for index, host in attempt.via.items()}
+        return attempt._replace(replies=replies, classifications=classes, own=own, via=via)
 
     async def _seven_bit_form(
         self, item: Work, envelope: client.Envelope, connection: ClientConnection
@@ -270,15 +305,22 @@ class SmtpAgent:
         return replies
 
     async def _next_host(self, item: Work, envelope: client.Envelope, attempt: Attempt, pending: list[int]) -> Attempt:
-        """`attempt` with its 4xx recipients (`pending`, by index) tried again at another host
-        of the site; the attempt as it was if none took a connection or that host cannot take
-        the message."""
+        """`attempt` with its 4xx recipients (`pending`, by index in `envelope`, which has all
+        the message's recipients) tried again at another host of the site; the attempt as it
+        was if none took a connection or that host cannot take the message. Those whose address
+        needs the SMTPUTF8 that host lacks keep their 4xx, and the others go."""
         assert self._elsewhere is not None
         other = await self._elsewhere(self._connection)
         if other is None:
             return attempt
         self._connection = other
-        rest = dataclasses.replace(envelope, recipients=[envelope.recipients[i] for i in pending])
+        rest = envelope.only(pending)
+        apart = client.smtputf8_refused_apart(rest, other.capabilities)
+        if apart:
+            # Those whose address needs the SMTPUTF8 this host lacks keep their 4xx (the host
+            # that gave it offers SMTPUTF8, and may take them later); the others go here.
+            pending = [index for position, index in enumerate(pending) if position not in apart]
+            rest = envelope.only(pending)
         if refusal_before_sending(rest, other.capabilities) is not None:
             return attempt  # this host cannot take it (no SMTPUTF8, too big): the 4xx stand
         done: list[Reply] = []  # (what this host's transactions answered so far: see the stop below)

@@ -18,7 +18,9 @@ and what a reply means is here, testable without a socket:
 
 `refusal_before_sending()` says when a message cannot go to this peer at all (SMTPUTF8 not
 offered to a message that needs it, too big for its SIZE, 8-bit data without 8BITMIME): a
-permanent, explained bounce rather than a protocol violation at the next hop. (8-bit data is
+permanent, explained bounce rather than a protocol violation at the next hop. SMTPUTF8 needed
+by some recipients' addresses alone refuses those alone (`smtputf8_refused_apart()`): the
+others go without it. (8-bit data is
 first made 7-bit for such a peer where it can be, by the delivery: `delivery.seven_bit`.) One rule, by
 the message and not by the door it came in at: only an envelope address that is not ASCII
 truly needs SMTPUTF8 (it has no other form on the wire). UTF-8 in a header field asks for
@@ -32,6 +34,7 @@ go with BODY=8BITMIME alone, or are refused alike.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Final
@@ -279,6 +282,10 @@ class Envelope:
         self.needs_smtputf8 = needs_smtputf8(self.sender, self.recipients)
         self.wants_smtputf8 = self.smtputf8 or self.needs_smtputf8 or utf8_header(body)
 
+    def only(self, indices: list[int]) -> Envelope:
+        """This envelope for its recipients `indices` alone (the same message)."""
+        return dataclasses.replace(self, recipients=[self.recipients[i] for i in indices])
+
 
 def needs_smtputf8(sender: str, recipients: list[Recipient]) -> bool:
     """Whether a message must go with SMTPUTF8 (RFC 6531): an envelope address that is not
@@ -331,19 +338,40 @@ class Result:
     one to EHLO; "" without a `closing`."""
 
 
+NO_SMTPUTF8: Final = Reply(
+    554, "5.6.7", ("Message needs SMTPUTF8 (internationalised addresses); the receiving server lacks it",)
+)
+"""What a recipient gets whose message needs SMTPUTF8 that the peer lacks: the whole message's
+(`refusal_before_sending`), or that recipient's alone (`smtputf8_refused_apart`)."""
+
+
 def refusal_before_sending(envelope: Envelope, peer: Capabilities) -> Reply | None:
-    """A permanent reason this message cannot be sent to this peer at all, or None."""
+    """A permanent reason this message cannot be sent to this peer at all, or None. (Only some
+    of its recipients needing SMTPUTF8 is no such reason: `smtputf8_refused_apart`.)"""
     if envelope.needs_smtputf8 and "SMTPUTF8" not in peer:
         # Only an address needs it (`needs_smtputf8`): UTF-8 in a header field goes as 8-bit
         # data, and without 8BITMIME it is that refusal (5.6.3) below, at every door alike.
-        text = "Message needs SMTPUTF8 (internationalised addresses); the receiving server lacks it"
-        return Reply(554, "5.6.7", (text,))
+        return NO_SMTPUTF8
     if peer.size and len(envelope.body) > peer.size:
         text = f"Message of {len(envelope.body)} octets exceeds the receiving server's SIZE limit of {peer.size}"
         return Reply(552, "5.3.4", (text,))
     if envelope.eight_bit and "8BITMIME" not in peer:
         return Reply(554, "5.6.3", ("Message has 8-bit data and the receiving server does not offer 8BITMIME",))
     return None
+
+
+def smtputf8_refused_apart(envelope: Envelope, peer: Capabilities) -> list[int]:
+    """The recipients (by index) refused on their own at a peer without SMTPUTF8, while the
+    others go: an address that is not ASCII has no form in RCPT without it (RFC 6531 3.4),
+    but a RCPT is one recipient's, so only those are refused (`NO_SMTPUTF8`, each its own
+    bounce), and the rest of the message goes in a transaction without SMTPUTF8, whose MAIL and
+    RCPTs are ASCII. Empty when nothing is refused so: the peer offers SMTPUTF8, or no address
+    needs it; and when the whole message is (`refusal_before_sending`): the sender needs it,
+    so MAIL cannot go, or every recipient does."""
+    if "SMTPUTF8" in peer or not envelope.needs_smtputf8 or not with_a_label(envelope.sender).isascii():
+        return []
+    refused = [i for i, recipient in enumerate(envelope.recipients) if not with_a_label(recipient.address).isascii()]
+    return refused if len(refused) < len(envelope.recipients) else []
 
 
 # What `rcpt_reply_read` adds to a 552's text (the README quotes it: the log's text ends so).

@@ -28,6 +28,7 @@ from pigeon.smtp.client import (
     Result,
     Transaction,
     refusal_before_sending,
+    smtputf8_refused_apart,
 )
 from pigeon.smtp.events import (
     BodyType,
@@ -737,6 +738,39 @@ def test_a_non_ascii_address_needs_smtputf8(env: Envelope) -> None:
     refusal = refusal_before_sending(env, NO_UTF8_PEER)
     assert refusal is not None and refusal.enhanced == "5.6.7"
     assert b" SMTPUTF8" in Transaction(env, FULL_PEER).start()
+
+
+def test_at_a_server_without_smtputf8_only_the_recipients_whose_address_needs_it_are_refused() -> None:
+    # RCPT is per recipient: josé and renée have no form without SMTPUTF8; bob, and carol of
+    # an IDN domain (its A-label), do, and go in a transaction without it.
+    pair = Pair.connect(ServerConfig(hostname=HOSTNAME, smtputf8=False))
+    env = envelope("bob@example.net", "josé@example.net", "carol@bücher.example", "renée@example.net", smtputf8=True)
+    assert smtputf8_refused_apart(env, pair.capabilities) == [1, 3]
+    rest = env.only([0, 2])
+    assert refusal_before_sending(rest, pair.capabilities) is None
+    exchange = pair.run(rest)
+    assert exchange.result.replies == [queued(1)] * 2
+    (mail,) = pair.of_type(MailFrom)
+    assert (mail.sender, mail.smtputf8) == (SENDER, False)
+    assert [rcpt.recipient for rcpt in pair.of_type(RcptTo)] == ["bob@example.net", "carol@xn--bcher-kva.example"]
+    assert pair.messages == [BODY]
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        envelope("bob@example.net", "carol@bücher.example", smtputf8=True),  # no address needs it
+        Envelope("josé@example.org", [Recipient("b@example.net"), Recipient("renée@example.net")], BODY),
+        envelope("josé@example.net", "renée@example.net"),  # every recipient needs it
+    ],
+    ids=["none-needs-it", "the-sender-needs-it", "every-recipient-needs-it"],
+)
+def test_no_recipient_is_refused_apart_when_the_whole_message_goes_or_is_refused(env: Envelope) -> None:
+    assert smtputf8_refused_apart(env, NO_UTF8_PEER) == []
+    assert smtputf8_refused_apart(env, FULL_PEER) == []
+    whole = refusal_before_sending(env, NO_UTF8_PEER)
+    assert (whole is None) == (not env.needs_smtputf8)
+    assert whole is None or (whole.code, whole.enhanced) == (554, "5.6.7")
 
 
 def test_a_raw_utf8_header_sent_without_smtputf8_goes_on_as_it_came() -> None:
