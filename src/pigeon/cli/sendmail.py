@@ -7,6 +7,11 @@ lets relay by default: any local user may send without a token or root (cron job
 users), and the mail goes through the same door as any other, with its checks (SIZE, the
 policy hooks, SMTPUTF8) and a 250 only once it is in the spool. Nothing is queued here: when
 the node cannot take the message now, the caller hears so (75, EX_TEMPFAIL).
+
+The node leaves a relay client's header section as it came, so what it checks only in a
+submission (an empty From, a Date or Message-ID not of its syntax) is checked here, with its
+functions and words; and SMTPUTF8 is asked for by the rule every door follows
+(`pigeon.smtp.client.needs_smtputf8`, `utf8_header`).
 """
 
 from __future__ import annotations
@@ -29,8 +34,11 @@ from typing import Final
 
 from pigeon.config.load import ConfigError, load_keys, read_text
 from pigeon.config.schema import split_endpoint
-from pigeon.logs.peer_text import shown
-from pigeon.smtp.address import check, control_or_format_character
+from pigeon.header_section import author_missing_in, malformed_field_in
+from pigeon.logs.peer_text import shown, shown_value
+from pigeon.smtp import replies
+from pigeon.smtp.address import check, control_or_format_character, with_a_label
+from pigeon.smtp.client import Recipient, needs_smtputf8, utf8_header
 
 # sysexits.h, as sendmail and Postfix's sendmail exit.
 OK: Final = 0
@@ -674,21 +682,24 @@ def _envelope(
 ) -> tuple[list[str], list[str]]:
     """MAIL and RCPTs of one transaction: the recipients taken, and those left for another
     (after a `452 4.5.3`). Those refused go in `refused` (for good) and `later` (for now)."""
-    unicode = not (sender + "".join(recipients)).isascii() or not data.split(b"\r\n\r\n", 1)[0].isascii()
+    # Pigeon's one rule, as every other door asks (README): SMTPUTF8 for an address that is
+    # not ASCII once its domain is an A-label (as it goes: `with_a_label`), or for UTF-8 in
+    # the header section where offered; Latin-1 there is legacy 8-bit mail (BODY=8BITMIME).
+    needed = needs_smtputf8(sender, [Recipient(recipient) for recipient in recipients])
     mail = [f"SIZE={len(data)}"] if client.has_extn("size") else []
     if not data.isascii() and client.has_extn("8bitmime"):
         mail.append("BODY=8BITMIME")
-    if unicode and client.has_extn("smtputf8"):
+    if (needed or utf8_header(data)) and client.has_extn("smtputf8"):
         mail.append("SMTPUTF8")
         client.command_encoding = "utf-8"
-    elif not (sender + "".join(recipients)).isascii():
+    elif needed:
         raise Refused(DATAERR, "the node does not offer SMTPUTF8, which a non-ASCII address needs")
     dsn = client.has_extn("dsn")
     if dsn and options.ret:
         mail.append(f"RET={options.ret}")
     if dsn and options.envid:
         mail.append(f"ENVID={_xtext(options.envid)}")
-    code, text = client.docmd("MAIL", f"FROM:<{sender}>{''.join(' ' + m for m in mail)}")
+    code, text = client.docmd("MAIL", f"FROM:<{with_a_label(sender)}>{''.join(' ' + m for m in mail)}")
     if code != 250:
         if _too_big(code, text):  # (SIZE=: the sender is not the matter)
             raise Refused(_status_of(code, text, DATAERR), _refused_for_size(client, len(data), own, code, text))
@@ -696,7 +707,7 @@ def _envelope(
     rcpt = f" NOTIFY={options.notify}" if dsn and options.notify else ""
     accepted: list[str] = []
     for index, recipient in enumerate(recipients):
-        code, text = client.docmd("RCPT", f"TO:<{recipient}>{rcpt}")
+        code, text = client.docmd("RCPT", f"TO:<{with_a_label(recipient)}>{rcpt}")
         if code in (250, 251):
             accepted.append(recipient)
         elif _too_many(code, text) and accepted:
@@ -812,9 +823,17 @@ def _run(argv: Sequence[str]) -> int:
         raise UsageError("no recipients: the message has no To, Cc or Bcc address")
     complete(message, sender or _qualified(user.pw_name, node.domain), _full_name(options, user), node.domain)
     qualify_fields(message, node.domain)
+    content = message.content(node.max_line)
+    # What a submission at any other door is refused for (the node leaves a relay client's
+    # header section as it came): said now, with the same words, and nothing sent.
+    if author_missing_in(content):  # (an empty From: `complete` adds one where there is none)
+        raise Refused(DATAERR, f"the message refused: {replies.CONTENT_NO_FROM}")
+    if (malformed := malformed_field_in(content)) is not None:
+        reply = replies.content_field_malformed(malformed.name, shown_value(malformed.value), malformed.problem)
+        raise Refused(DATAERR, f"the message refused: {reply}")
     # Its Received field first, as folded as any field (counted by the node: `submit`).
     trace = Message([trace_field(node.domain, user.pw_uid)], b"").content(node.max_line)[:-2]
-    refused = submit(node, sender, recipients, options, trace + message.content(node.max_line), len(trace))
+    refused = submit(node, sender, recipients, options, trace + content, len(trace))
     if refused:
         print(f"sendmail: {'; '.join(refused)}: sent to the other recipients", file=sys.stderr)
         return NOUSER
