@@ -75,7 +75,7 @@ from pigeon.header_section import (
 from pigeon.inbound.routes import PREFIX as INBOUND
 from pigeon.inbound.routes import InboundRoutes
 from pigeon.logs.outbox import Outbox
-from pigeon.logs.peer_text import shown
+from pigeon.logs.peer_text import shown_value
 from pigeon.logs.records import Reception, Response
 from pigeon.logs.writer import LogWriter
 from pigeon.message import Envelope, Message, Recipient, SpoolId, format_id
@@ -365,9 +365,9 @@ class Intake:
         tenant, _ = self._claimed(head, lowered, section, arrival)
         if tenant is None or tenant in bound:
             return None
-        who = _shown_value(arrival.auth_user or "the client")
+        who = shown_value(arrival.auth_user or "the client")
         header = self._routing_headers[0]
-        return replies.r(550, "5.7.1", f"{who} may not send as tenant {_shown_value(tenant)} ({header} header)")
+        return replies.r(550, "5.7.1", f"{who} may not send as tenant {shown_value(tenant)} ({header} header)")
 
 
 class Draft:
@@ -539,7 +539,7 @@ class Draft:
             # Its Date or Message-ID is not one (Pigeon adds them only where there are none):
             # said now, not in a bounce from a receiver that refuses it (Gmail: "missing a
             # valid Message-ID"). Relayed mail is left as it came, as above.
-            return replies.content_field_malformed(malformed.name, _shown_value(malformed.value), malformed.problem)
+            return replies.content_field_malformed(malformed.name, shown_value(malformed.value), malformed.problem)
         return None
 
     def _submitted(self) -> bool:
@@ -1148,13 +1148,6 @@ def _not_utf8(value: str) -> str | None:
     # (The escapes' range by chr(): mypyc, which compiles this module, takes no surrogates in literals.)
     byte = next((ord(char) - 0xDC00 for char in value if _ESCAPED_LOW <= char <= _ESCAPED_HIGH), None)
     return None if byte is None else f"holds byte 0x{byte:02X}, which is not UTF-8: a name is text, in UTF-8"
-
-
-def _shown_value(value: str) -> str:
-    """A header field's value as a reply shows it: one line, white space runs made one space,
-    escaped (`peer_text.shown`; beyond ASCII too: the client may not have said SMTPUTF8),
-    at most 80 characters."""
-    return shown(" ".join(value.split()), 80).encode("ascii", "backslashreplace").decode("ascii")
 
 
 def _folded(line: bytes, limit: int) -> bytes:

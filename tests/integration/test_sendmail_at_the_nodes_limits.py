@@ -2,9 +2,9 @@
 more recipients than `[smtp] max_recipients` still reach all of them (in further transactions,
 as RFC 5321 4.5.3.1.10 asks after a `452 4.5.3`), a message of exactly `[smtp]
 max_message_size` is refused at MAIL, before its content is sent, saying why (the `Received`
-field sendmail puts first counts against the limit, as Postfix counts its sendmail's, and its
-SIZE= declares it), while the other doors take it, and an argument that is no address is
-refused naming it."""
+field sendmail puts first counts against the limit, as Postfix counts its sendmail's, and so do
+the Date and Message-ID it adds, each named with its octets; its SIZE= declares them), while
+the other doors take it, and an argument that is no address is refused naming it."""
 
 from __future__ import annotations
 
@@ -103,13 +103,11 @@ def test_a_recipient_refused_for_good_in_a_further_transaction_exits_67_and_the_
     assert sorted(r for m in got for r in m.recipients) == [f"p{n}@rich.test" for n in range(6)]
 
 
-def a_message_of(size: int, marker: bytes) -> bytes:
-    """A message of exactly `size` octets with CRLF line ends, with its From, Date and
-    Message-ID (sendmail adds nothing but its Received field)."""
-    head = (
-        b"From: a@example.org\r\nTo: big@rich.test\r\nDate: Mon, 1 Jan 2024 00:00:00 +0000\r\n"
-        b"Message-ID: <" + marker + b"@example.org>\r\nSubject: big\r\n\r\n" + marker + b"\r\n"
-    )
+def a_message_of(size: int, marker: bytes, *, dated: bool = True) -> bytes:
+    """A message of exactly `size` octets with CRLF line ends, with its From, and with its Date
+    and Message-ID unless not `dated` (sendmail then adds them)."""
+    own = b"Date: Mon, 1 Jan 2024 00:00:00 +0000\r\nMessage-ID: <%s@example.org>\r\n" % marker
+    head = b"From: a@example.org\r\nTo: big@rich.test\r\n%sSubject: big\r\n\r\n%s\r\n" % (own if dated else b"", marker)
     lines = b""
     while len(head) + len(lines) + 80 <= size:
         lines += b"y" * 78 + b"\r\n"
@@ -154,6 +152,47 @@ def test_a_message_of_exactly_max_message_size_is_refused_at_mail_counting_sendm
         client.sendmail("a@example.org", ["big@rich.test"], a_message_of(LIMIT, b"marker-smtp-exact"))
     all_arrived(sink, b"marker-smtp-exact", 1)
     assert not any(b"marker-exact\r\n" in m.data for m in sink.received)
+
+
+ADDED_REFUSED = re.compile(
+    rb"([0-9]+) octets as submitted, over the node's limit of 20480 octets \(\[smtp\] max_message_size\),"
+    rb" which counts the Received field sendmail puts first \(([0-9]+) octets\), as Postfix counts its sendmail's,"
+    rb" and the Date and Message-ID fields it added \(([0-9]+) octets\): ([0-9]+) octets without them"
+)
+SENDMAILS_COMPLETION = re.compile(rb"Date: [^\r]*\r\nMessage-ID: <[0-9a-f]{22}@[^\r]*>\r\n")
+
+
+def test_the_date_and_message_id_sendmail_adds_count_toward_the_limit_and_its_refusal_says_so(
+    node: PigeonProcess, sink: ScriptedSink
+) -> None:
+    # The node cannot tell the fields sendmail adds from the caller's (it counts a relay
+    # client's every octet: a field recognised by its look any client could write), so they
+    # count, as its Received field does; the refusal names each, with their octets, and the
+    # size without them, so that the caller knows exactly what fits.
+    bare = sendmail(node.config_path, "-i", "-v", "-f", "a@example.org", "big@rich.test",
+                    message=a_message_of(LIMIT, b"marker-bare", dated=False))  # fmt: skip
+    assert bare.returncode == 65, bare.stderr
+    error = bare.stderr.splitlines()[-1]
+    assert error.startswith(b"sendmail: the message refused for its size: "), bare.stderr
+    why = ADDED_REFUSED.search(error)
+    assert why is not None, error
+    submitted, received, added, without = (int(number) for number in why.groups())
+    assert received > 0 and added > 0 and without == LIMIT and submitted == LIMIT + received + added
+    assert b"SIZE=%d" % submitted in bare.stderr
+    # Exactly true: the message that size less fits, and what arrives is what was counted.
+    fits = LIMIT - received - added
+    over = sendmail(
+        node.config_path, "-i", "big@rich.test", message=a_message_of(fits + 1, b"marker-over", dated=False)
+    )
+    assert over.returncode == 65, over.stderr
+    fitting = a_message_of(fits, b"marker-bare-fits", dated=False)
+    result = sendmail(node.config_path, "-i", "big@rich.test", message=fitting)
+    assert result.returncode == 0, result.stderr
+    got = all_arrived(sink, b"marker-bare-fits", 1)[0]
+    field, completion = SENDMAILS_FIELD.search(got.data), SENDMAILS_COMPLETION.search(got.data)
+    assert field is not None and len(field[0]) == received
+    assert completion is not None and len(completion[0]) == added
+    assert not any(b"marker-over" in m.data for m in sink.received)
 
 
 def a_session(*lines: bytes, message: bytes = b"") -> bytes:

@@ -7,6 +7,13 @@ lets relay by default: any local user may send without a token or root (cron job
 users), and the mail goes through the same door as any other, with its checks (SIZE, the
 policy hooks, SMTPUTF8) and a 250 only once it is in the spool. Nothing is queued here: when
 the node cannot take the message now, the caller hears so (75, EX_TEMPFAIL).
+
+The node leaves a relay client's header section as it came, so what it checks only in a
+submission (an empty From, a Date or Message-ID not of its syntax) is checked here, with its
+functions and words; and SMTPUTF8 is asked for by the rule every door follows
+(`pigeon.smtp.client.needs_smtputf8`, `utf8_header`). What this command adds (its Received
+field, and the From, Date and Message-ID a message lacks) the node cannot tell from the
+caller's octets: it counts them against `[smtp] max_message_size` (`Added`).
 """
 
 from __future__ import annotations
@@ -29,8 +36,11 @@ from typing import Final
 
 from pigeon.config.load import ConfigError, load_keys, read_text
 from pigeon.config.schema import split_endpoint
-from pigeon.logs.peer_text import shown
-from pigeon.smtp.address import check, control_or_format_character
+from pigeon.header_section import author_missing_in, malformed_field_in
+from pigeon.logs.peer_text import shown, shown_value
+from pigeon.smtp import replies
+from pigeon.smtp.address import check, control_or_format_character, with_a_label
+from pigeon.smtp.client import Recipient, needs_smtputf8, utf8_header
 
 # sysexits.h, as sendmail and Postfix's sendmail exit.
 OK: Final = 0
@@ -421,10 +431,11 @@ def _header_lines(first: bytes, more: list[bytes]) -> bytes:
     return b"".join(line + b"\r\n" for line in [first, *folded])
 
 
-def complete(message: Message, sender: str, full_name: str, domain: str) -> None:
+def complete(message: Message, sender: str, full_name: str, domain: str) -> list[bytes]:
     """Add the From, Date and Message-ID a message lacks (Pigeon adds a Date and a Message-ID
     only to mail submitted with AUTH, and refuses one without From); remove its Bcc and
-    Resent-Bcc (RFC 5322 3.6.6: "Resent-Bcc" as "Bcc")."""
+    Resent-Bcc (RFC 5322 3.6.6: "Resent-Bcc" as "Bcc"). The fields added: the node counts
+    them against `[smtp] max_message_size` (`Added`)."""
     message.without("bcc")
     message.without("resent-bcc")
     added: list[bytes] = []
@@ -436,6 +447,7 @@ def complete(message: Message, sender: str, full_name: str, domain: str) -> None
     if not message.named("message-id"):
         added.append(f"Message-ID: <{secrets.token_hex(11)}@{domain}>\r\n".encode())
     message.fields += added
+    return added
 
 
 def _display_name(name: str) -> str:
@@ -535,6 +547,22 @@ def header_recipients(message: Message) -> list[str]:
     return [address for _, address in email.utils.getaddresses(values) if address]
 
 
+@dataclass(frozen=True)
+class Added:
+    """What this command put in the message it submits, which the node counts against `[smtp]
+    max_message_size` as the caller's own octets: it cannot tell them from the caller's (a
+    field recognised by its look, any client could write), so they count, and a refusal for
+    size names each (`size_refused`). The other doors count neither our Received field nor the
+    Date and Message-ID the node adds to a submission: there the node knows them for its own."""
+
+    received: int
+    """The octets of the Received field put first (`trace_field`)."""
+    fields: tuple[str, ...] = ()
+    """The names of the fields the message lacked and got (`complete`), in their order."""
+    octets: int = 0
+    """Theirs, as submitted."""
+
+
 class Refused(Exception):
     """The submission failed: `status` to exit with, `reason` to print."""
 
@@ -554,7 +582,9 @@ def _status_of(code: int, text: bytes, permanent: int) -> int:
     return NOPERM if text.startswith(b"5.7.") else permanent
 
 
-def submit(node: Node, sender: str, recipients: list[str], options: Options, data: bytes, own: int = 0) -> list[str]:
+def submit(
+    node: Node, sender: str, recipients: list[str], options: Options, data: bytes, own: Added = Added(0)
+) -> list[str]:
     """Send the message; the recipients refused for good (with their replies). Raises `Refused`
     when nothing was sent, or it is not known whether it was; when one recipient is refused for
     now (4xx) nothing is sent, so that the caller's retry sends it to no one twice.
@@ -562,11 +592,11 @@ def submit(node: Node, sender: str, recipients: list[str], options: Options, dat
     It goes in one SMTP transaction, or, when the node takes fewer recipients in one (`452
     4.5.3`, `[smtp] max_recipients`), in as many as it needs, as RFC 5321 4.5.3.1.10 asks: each
     on a connection of its own, every envelope taken before any message is sent, so that a 4xx
-    in the last one still leaves nothing sent. `own`: the octets at the start of `data` that
-    this command wrote (its Received field). The node counts them against `[smtp]
-    max_message_size`, as Postfix counts what its sendmail adds, so SIZE= declares them too: a
-    message the node will refuse is refused at MAIL, before its content is sent, and the error
-    says that they were counted (`size_refused`)."""
+    in the last one still leaves nothing sent. `own`: what this command wrote in `data` (its
+    Received field first, and the fields it completed the message with). The node counts them
+    against `[smtp] max_message_size`, so SIZE= declares them too: a message the node will
+    refuse is refused at MAIL, before its content is sent, and the error says that they were
+    counted (`size_refused`)."""
     where = f"[{node.host}]:{node.port}" if ":" in node.host else f"{node.host}:{node.port}"
     clients: list[smtplib.SMTP] = []
     sent: list[str] = []
@@ -602,7 +632,7 @@ def _submit(
     recipients: list[str],
     options: Options,
     data: bytes,
-    own: int,
+    own: Added,
     sent: list[str],
 ) -> list[str]:
     transactions: list[tuple[smtplib.SMTP, list[str]]] = []
@@ -668,27 +698,30 @@ def _envelope(
     recipients: list[str],
     options: Options,
     data: bytes,
-    own: int,
+    own: Added,
     refused: list[str],
     later: list[str],
 ) -> tuple[list[str], list[str]]:
     """MAIL and RCPTs of one transaction: the recipients taken, and those left for another
     (after a `452 4.5.3`). Those refused go in `refused` (for good) and `later` (for now)."""
-    unicode = not (sender + "".join(recipients)).isascii() or not data.split(b"\r\n\r\n", 1)[0].isascii()
+    # Pigeon's one rule, as every other door asks (README): SMTPUTF8 for an address that is
+    # not ASCII once its domain is an A-label (as it goes: `with_a_label`), or for UTF-8 in
+    # the header section where offered; Latin-1 there is legacy 8-bit mail (BODY=8BITMIME).
+    needed = needs_smtputf8(sender, [Recipient(recipient) for recipient in recipients])
     mail = [f"SIZE={len(data)}"] if client.has_extn("size") else []
     if not data.isascii() and client.has_extn("8bitmime"):
         mail.append("BODY=8BITMIME")
-    if unicode and client.has_extn("smtputf8"):
+    if (needed or utf8_header(data)) and client.has_extn("smtputf8"):
         mail.append("SMTPUTF8")
         client.command_encoding = "utf-8"
-    elif not (sender + "".join(recipients)).isascii():
+    elif needed:
         raise Refused(DATAERR, "the node does not offer SMTPUTF8, which a non-ASCII address needs")
     dsn = client.has_extn("dsn")
     if dsn and options.ret:
         mail.append(f"RET={options.ret}")
     if dsn and options.envid:
         mail.append(f"ENVID={_xtext(options.envid)}")
-    code, text = client.docmd("MAIL", f"FROM:<{sender}>{''.join(' ' + m for m in mail)}")
+    code, text = client.docmd("MAIL", f"FROM:<{with_a_label(sender)}>{''.join(' ' + m for m in mail)}")
     if code != 250:
         if _too_big(code, text):  # (SIZE=: the sender is not the matter)
             raise Refused(_status_of(code, text, DATAERR), _refused_for_size(client, len(data), own, code, text))
@@ -696,7 +729,7 @@ def _envelope(
     rcpt = f" NOTIFY={options.notify}" if dsn and options.notify else ""
     accepted: list[str] = []
     for index, recipient in enumerate(recipients):
-        code, text = client.docmd("RCPT", f"TO:<{recipient}>{rcpt}")
+        code, text = client.docmd("RCPT", f"TO:<{with_a_label(recipient)}>{rcpt}")
         if code in (250, 251):
             accepted.append(recipient)
         elif _too_many(code, text) and accepted:
@@ -711,25 +744,32 @@ def _too_big(code: int, text: bytes) -> bool:
     return code == 552 or text.startswith((b"5.3.4", b"4.3.4"))
 
 
-def size_refused(submitted: int, own: int, limit: int | None) -> str:
+def size_refused(submitted: int, own: Added, limit: int | None) -> str:
     """Why a message was refused for its size, for the one who sent it through this command:
-    the size it went in with, the node's limit, and that the limit counts the Received field
-    this command puts first (`own` octets), as Postfix counts what its sendmail adds. Without
-    that a message the caller measured at the limit seems refused for nothing."""
+    the size it went in with, the node's limit, and that the limit counts what this command
+    put in (`own`): the Received field it puts first, as Postfix counts what its sendmail
+    adds, and the From, Date or Message-ID it added, with the size without them. Without that
+    a message the caller measured at the limit seems refused for nothing."""
     over = f"over the node's limit of {limit} octets" if limit else "over the node's limit"
-    return (
+    why = (
         f"{submitted} octets as submitted, {over} ([smtp] max_message_size), which counts the Received"
-        f" field sendmail puts first ({own} octets), as Postfix counts its sendmail's"
+        f" field sendmail puts first ({own.received} octets), as Postfix counts its sendmail's"
     )
+    if not own.fields:
+        return why
+    names = " and ".join([", ".join(own.fields[:-1]), own.fields[-1]] if len(own.fields) > 1 else own.fields)
+    fields = "fields" if len(own.fields) > 1 else "field"
+    without = submitted - own.received - own.octets
+    return f"{why}, and the {names} {fields} it added ({own.octets} octets): {without} octets without them"
 
 
-def _refused_for_size(client: smtplib.SMTP, submitted: int, own: int, code: int, text: bytes) -> str:
+def _refused_for_size(client: smtplib.SMTP, submitted: int, own: Added, code: int, text: bytes) -> str:
     offered = client.esmtp_features.get("size", "")
     limit = int(offered) if offered.isdigit() and int(offered) > 0 else None  # (SIZE 0: no limit given)
     return f"the message refused for its size: {size_refused(submitted, own, limit)}: {_reply(code, text)}"
 
 
-def _message(client: smtplib.SMTP, data: bytes, own: int) -> None:
+def _message(client: smtplib.SMTP, data: bytes, own: Added) -> None:
     """DATA, the message, and the node's answer to it."""
     client.putcmd("data")
     code, text = client.getreply()
@@ -810,11 +850,22 @@ def _run(argv: Sequence[str]) -> int:
     recipients = list(dict.fromkeys(_qualified(r, node.domain) for r in recipients))
     if not recipients:
         raise UsageError("no recipients: the message has no To, Cc or Bcc address")
-    complete(message, sender or _qualified(user.pw_name, node.domain), _full_name(options, user), node.domain)
+    added = complete(message, sender or _qualified(user.pw_name, node.domain), _full_name(options, user), node.domain)
     qualify_fields(message, node.domain)
-    # Its Received field first, as folded as any field (counted by the node: `submit`).
+    content = message.content(node.max_line)
+    # What a submission at any other door is refused for (the node leaves a relay client's
+    # header section as it came): said now, with the same words, and nothing sent.
+    if author_missing_in(content):  # (an empty From: `complete` adds one where there is none)
+        raise Refused(DATAERR, f"the message refused: {replies.CONTENT_NO_FROM}")
+    if (malformed := malformed_field_in(content)) is not None:
+        reply = replies.content_field_malformed(malformed.name, shown_value(malformed.value), malformed.problem)
+        raise Refused(DATAERR, f"the message refused: {reply}")
+    # Its Received field first, as folded as any field; it and the fields added are counted
+    # by the node (`Added`).
     trace = Message([trace_field(node.domain, user.pw_uid)], b"").content(node.max_line)[:-2]
-    refused = submit(node, sender, recipients, options, trace + message.content(node.max_line), len(trace))
+    names = tuple(field.split(b":", 1)[0].decode() for field in added)
+    own = Added(len(trace), names, len(Message(added, b"").content(node.max_line)) - 2)
+    refused = submit(node, sender, recipients, options, trace + content, own)
     if refused:
         print(f"sendmail: {'; '.join(refused)}: sent to the other recipients", file=sys.stderr)
         return NOUSER
@@ -883,7 +934,7 @@ class SmtpRelay:
                 if added and (count := _CHUNK_RECEIVED.fullmatch(line)) is not None:
                     line = b"%s%d%s" % (count[1], int(count[2]) - added, count[3])
                 elif size and line[4:9] in (b"5.3.4", b"4.3.4"):
-                    why = size_refused(size, len(self.trace), self.limit).encode()
+                    why = size_refused(size, Added(len(self.trace)), self.limit).encode()
                     end = b"\r" if line.endswith(b"\r") else b""
                     line = line.removesuffix(b"\r") + b" (" + why + b")" + end
             lines.append(line + b"\n")

@@ -43,6 +43,13 @@ def shown(text: str, limit: int | None = ADDRESS_LIMIT) -> str:
     return "".join(out)
 
 
+def shown_value(value: str) -> str:
+    """A header field's value as a reply shows it: one line, white space runs made one space,
+    escaped (`shown`; beyond ASCII too: the client may not have said SMTPUTF8), at most 80
+    characters."""
+    return shown(" ".join(value.split()), 80).encode("ascii", "backslashreplace").decode("ascii")
+
+
 def escape_unprintable(text: str, keep: str = "") -> str:
     """`text` with every character that is not printable, but those in `keep`, escaped as
     `shown` escapes it; nothing cut, and the backslash left as it is. For a whole line of the
