@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.support.process import PigeonProcess
+from tests.support.rawsmtp import RawSmtp
 from tests.support.sinks import Received, ScriptedSink, delivery_config, wait_until
 
 TOKEN = "kumo-token-0123456789"
@@ -214,6 +215,37 @@ def test_a_recipient_that_is_no_address_is_refused_alone_and_the_others_are_inje
     request["recipients"] = [{"email": "nobody"}]
     status, answer = node.http_post(PATH, request, TOKEN)
     assert (status, answer["success_count"], answer["fail_count"]) == (200, 0, 1), answer
+
+
+def test_a_recipient_that_is_no_address_is_logged_escaped_as_smtp_logs_it(node: PigeonProcess) -> None:
+    """Found from outside: its Rejection record held the address as sent, a U+202E included
+    (JSON escapes only C0 controls), where SMTP's and /api/v1/inject's write `\\u202e` (README:
+    text others chose is escaped in records, so a log viewer shows what was sent)."""
+    request = {
+        "envelope_sender": "bounces@example.org",
+        "content": {"from": {"email": "news@example.org"}, "text_body": "hi\n"},
+        "recipients": [
+            {"email": "ceo\u202egro@k10.test"},
+            {"email": "t\tab@k10.test"},
+            {"email": "n\u0000ul@k10.test"},
+        ],
+    }
+    status, answer = node.http_post(PATH, request, TOKEN)
+    assert (status, answer["fail_count"]) == (200, 3), answer
+    with RawSmtp(node.smtp_port) as smtp:
+        smtp.expect(220)
+        smtp.expect(250, "EHLO client.test")
+        smtp.expect(250, "MAIL FROM:<bounces@example.org> SMTPUTF8")
+        smtp.expect(553, "RCPT TO:<ceo\u202egro@k11.test>")
+
+    def logged() -> list[str] | None:
+        named = [r["recipients"][0] for r in node.records("Rejection") if r.get("recipients")]
+        found = [name for name in named if name.endswith(("@k10.test", "@k11.test"))]
+        return found if len(found) == 4 else None
+
+    assert sorted(wait_until(logged)) == sorted(
+        ["ceo\\u202egro@k10.test", "t\\x09ab@k10.test", "n\\x00ul@k10.test", "ceo\\u202egro@k11.test"]
+    )
 
 
 def test_content_is_checked_when_every_recipient_is_refused_as_when_one_is_taken(node: PigeonProcess) -> None:

@@ -419,8 +419,8 @@ async def _inject(
                 peer=peer,
                 command="inject",
                 response=Response.of(reply),
-                sender=sender,
-                recipients=[result.email],
+                sender=shown(sender),  # (escaped as SMTP's records escape what a client sent)
+                recipients=[shown(result.email)],
                 auth_user=holder,
                 id=message_id,
                 tenant=tenant,
