@@ -248,6 +248,40 @@ def test_a_recipient_that_is_no_address_is_logged_escaped_as_smtp_logs_it(node: 
     )
 
 
+def test_failed_recipients_are_in_request_order_and_indexes_are_the_request_s(
+    node: PigeonProcess, sink: ScriptedSink
+) -> None:
+    """Found from outside: the recipients that are no address came first in `failed_recipients`
+    (its schema says request order), and "duplicate of recipient N" counted the addresses only:
+    N named another recipient of the request."""
+    request: dict[str, Any] = {
+        "envelope_sender": "bounces@example.org",
+        "content": {"from": {"email": "news@example.org"}, "text_body": "code {{ code }}\n"},
+        "recipients": [
+            {"email": "bad"},
+            {"email": "ko2@k12.test", "substitutions": {"code": "1"}},
+            {"email": "kim@k12.test"},  # no code: undefined, refused
+            {"email": "ko2@k12.test", "substitutions": {"code": "2"}},  # a repeat of recipient 1
+            {"email": "a@@b"},
+        ],
+    }
+    status, answer = node.http_post(PATH, request, TOKEN)
+    assert (status, answer["success_count"], answer["fail_count"]) == (200, 1, 4), answer
+    assert answer["failed_recipients"] == ["bad", "kim@k12.test", "ko2@k12.test", "a@@b"]
+    assert [error.partition(": ")[2][:9] for error in answer["errors"]] == ["501 5.1.3", "554 5.6.0", "550 5.1.0",
+                                                                           "501 5.1.3"]  # fmt: skip
+    assert answer["errors"][2] == "ko2@k12.test: 550 5.1.0 duplicate of recipient 1 of the request"
+    assert _delivered(sink, "ko2@k12.test")["ko2@k12.test"].email.get_content().splitlines() == ["code 1"]
+    # A refusal of the whole request names a recipient by its index in the request too.
+    request["content"] = "From: news@example.org\nTo: {{ name }}\n\nhi\n"
+    request["recipients"] = [{"email": "bad"}, {"email": "lou@k12.test", "name": "Lou\nBcc: eve@k12.test"}]
+    status, answer = node.http_post(PATH, request, TOKEN)
+    assert (status, answer["field"]) == (400, "$.recipients[1].name"), answer
+    request["recipients"] = [{"email": "bad"}, {"email": "lou@k12.test", "name": "L\u0000u"}]
+    status, answer = node.http_post(PATH, request, TOKEN)
+    assert (status, answer["field"]) == (400, "$.recipients[1].name"), answer
+
+
 def test_content_is_checked_when_every_recipient_is_refused_as_when_one_is_taken(node: PigeonProcess) -> None:
     """Found from outside: content with no From and only recipients that are no address was a
     200 (fail_count 1), where the same content with a good recipient was refused (400 $.content):

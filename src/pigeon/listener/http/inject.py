@@ -325,29 +325,33 @@ async def _inject(
     if (repeated := repeated_member(body)) is not None:
         raise bad_request(repeated_refusal(repeated), repeated)
     request[_BODY] = body  # what a refusal's record reads the envelope from (`_named`)
-    # (a door that refuses them alone: those its request named, each with its refusal)
-    not_addresses: list[tuple[str, Reply]] = []
     try:
         parsed = door.decode(body)
     except (msgspec.ValidationError, msgspec.DecodeError, RecursionError, ComposeError) as error:
         # Named as the client named it: the door's own path of a member it sent, not renamed
         # as Pigeon's (KumoMTA's `$.content.html`, which it does not take, is no `html_body`).
         raise _NamedAsSent(_refusal(body, error)) from None
+    given = [recipient.email for recipient in parsed.recipients]  # (what each result names, in request order)
+    # Each recipient's index in the request: the results, a repeat's `duplicate_of` and a
+    # refusal's field name it by that, whatever a door refused alone before it (`_requested`).
+    positions = list(range(len(given)))
+    # (a door that refuses them alone: those its request named, by index, each with its refusal)
+    not_addresses: dict[int, Reply] = {}
     try:
         if door.addresses_alone:
             kept: list[InjectRecipient] = []
-            for recipient in parsed.recipients:
+            positions = []
+            for position, recipient in enumerate(parsed.recipients):
                 if (problem := recipient_problem(recipient.email)) is None:
                     kept.append(recipient)
+                    positions.append(position)
                 else:  # as SMTP's RCPT refuses it, in the text the other doors give
-                    not_addresses.append((recipient.email, replies.r(problem.kind.smtp_code, "5.1.3", problem.text)))
+                    not_addresses[position] = replies.r(problem.kind.smtp_code, "5.1.3", problem.text)
             parsed.recipients = kept
-        if len(parsed.recipients) + len(not_addresses) > (limit := config.http.max_recipients):
+        if len(given) > (limit := config.http.max_recipients):
             # One message per recipient: the request's work grows with them, not one envelope.
-            count = len(parsed.recipients) + len(not_addresses)
-            text = f"{count} recipients, over [http] max_recipients ({limit}): send them in more requests"
+            text = f"{len(given)} recipients, over [http] max_recipients ({limit}): send them in more requests"
             raise bad_request(text, "$.recipients")
-        given = [recipient.email for recipient in parsed.recipients]  # (what each result names)
         for recipient in parsed.recipients:
             # As `RCPT TO:<postmaster>` is: one function says what names the postmaster, so
             # that every door delivers it alike, and a repeat of it is found as one.
@@ -356,7 +360,9 @@ async def _inject(
         check_request(
             parsed, max_metadata_size=config.http.max_metadata_size, max_line_length=config.smtp.max_line_length
         )
-    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError, ComposeError) as error:
+    except ComposeError as error:
+        raise bad_request(str(error), _requested(error.field, positions)) from None
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as error:
         raise _refusal(body, error) from None
     tenant_header, bound = config.delivery.tenant_header, tenants is not None
     composer = Composer(
@@ -372,7 +378,7 @@ async def _inject(
         composer.check_header_values()  # a line break a value would put into a header: 400
         composer.check_routing()  # a tenant or campaign both in the request and its content: 400
     except ComposeError as error:
-        raise bad_request(str(error), error.field) from None
+        raise bad_request(str(error), _requested(error.field, positions)) from None
     if tenants is not None and parsed.tenant and parsed.tenant not in tenants:
         # Said at once, before any policy hook is asked: no recipient of it could be taken.
         reply = replies.r(550, "5.7.1", f"{holder} may not send as tenant {parsed.tenant}")
@@ -380,7 +386,7 @@ async def _inject(
     peer_ip, peer = _peer(request)
     arrival = Arrival("http", session, peer, peer_ip, "", "HTTP", auth_user=holder, trusted=True, tenants=tenants)
     sender = parsed.envelope_sender
-    results: list[RecipientResult] = []
+    results = [RecipientResult(email) for email in given]  # in request order
     # Each message being stored, with the results of its recipients.
     pending: list[tuple[list[RecipientResult], Draft, asyncio.Future[Stored]]] = []
     # Raw content with nothing rendered per recipient is one message for them all: composed and
@@ -440,17 +446,15 @@ async def _inject(
         verdict = await _settled(on_mail_from(mail, session=session))
         if verdict is not None:
             everyone = refusal(verdict)
-    for email, reply in not_addresses:
-        result = RecipientResult(email)
-        results.append(result)
-        refuse(result, reply)
+    for position, reply in not_addresses.items():
+        refuse(results[position], reply)
     taken: list[str] = []  # the recipients on_rcpt_to let through so far
     composing = False  # whether a recipient has been composed yet
     turn = time.monotonic()
     first_of: dict[str, int] = {}  # each mailbox's first index in the request
     for index, recipient in enumerate(parsed.recipients):
-        result = RecipientResult(given[index])
-        results.append(result)
+        position = positions[index]
+        result = results[position]
         if recipient.metadata:
             metadata_of[id(result)] = recipient.metadata
         if time.monotonic() - turn > _YIELD_AFTER:
@@ -458,8 +462,8 @@ async def _inject(
             turn = time.monotonic()
         # One request, one message per mailbox: a repeat would be delivered twice. Refused
         # before the policy is asked, so that its hooks see each mailbox once.
-        first = first_of.setdefault(address.same_mailbox_key(recipient.email), index)
-        if first != index:
+        first = first_of.setdefault(address.same_mailbox_key(recipient.email), position)
+        if first != position:
             result.duplicate_of = first
             refuse(result, replies.r(550, "5.1.0", f"duplicate of recipient {first} of the request"))
             continue
@@ -855,6 +859,16 @@ def _refusal(
         # level and stops at Python's recursion limit; before, this was a 500 and a traceback.
         return bad_request("JSON nested too deeply (about 1000 levels at most)", "$")
     return bad_request(str(error), error.field)
+
+
+_RECIPIENT_AT: Final = re.compile(r"\$\.recipients\[(\d+)\]")
+
+
+def _requested(field: str, positions: list[int]) -> str:
+    """`field`, a recipient it names by its index among those checked (`positions`: each one's
+    index in the request) named by its index in the request, as the client counts them: a
+    door that refuses a recipient alone (`Door.addresses_alone`) left it out of those."""
+    return _RECIPIENT_AT.sub(lambda found: f"$.recipients[{positions[int(found.group(1))]}]", field, count=1)
 
 
 class _NamedAsSent(Exception):
