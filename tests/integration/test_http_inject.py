@@ -293,19 +293,28 @@ def test_malformed_json_gets_400(refusing: PigeonProcess) -> None:
 def test_a_request_whose_every_recipient_is_refused_for_good_gets_422_whatever_refused_them(
     pigeon: PigeonProcess,
 ) -> None:
-    # Not the policy here: a template that names a value no recipient has, and content over
-    # max_message_size. 200 would tell a client that checks the status that all went well.
+    # Not the policy here: a template that names a value no recipient has, and substitutions
+    # that write a line over 998 octets into each recipient's message (SMTP's content check).
+    # 200 would tell a client that checks the status that all went well.
     request = _parts_request(substitutions={})
     request["recipients"] = [{"email": "bob@example.com"}, {"email": "carl@example.com"}]
     status, answer = pigeon.http_post("/api/v1/inject", request, TOKEN)
     assert status == 422, answer
     assert (answer["accepted"], answer["failed"]) == (0, 2)
     assert all("'code' is undefined" in r["error"] for r in answer["recipients"])
+    long = {"envelope_sender": "news@example.org", "content": "From: news@example.org\nSubject: hi\n\n{{ code }}\n",
+            "recipients": [{"email": "bob@example.com", "substitutions": {"code": "b" * 999}},
+                           {"email": "carl@example.com", "substitutions": {"code": "c" * 999}}]}  # fmt: skip
+    status, answer = pigeon.http_post("/api/v1/inject", long, TOKEN)
+    assert status == 422, answer
+    assert all(r["error"].startswith("554 5.6.0 Message has a line longer") for r in answer["recipients"]), answer
+    # Content over max_message_size is no recipient's: the first one's message refuses the
+    # request, 400 with SMTP's reply, template or not (test_inject_content_refused_whole.py).
     big = _parts_request(substitutions={"code": "x"})
     big["content"]["text"] = "a long line of text\n" * 2_000_000  # 40 MB
     status, answer = pigeon.http_post("/api/v1/inject", big, TOKEN)
-    assert status == 422, answer
-    assert all(r["error"].startswith("552 ") for r in answer["recipients"]), answer
+    assert (status, answer["field"]) == (400, "$.content"), answer
+    assert answer["error"].startswith("552 5.3.4 "), answer
 
 
 def test_an_undefined_variable_refuses_only_that_recipient(pigeon: PigeonProcess, sink: ScriptedSink) -> None:

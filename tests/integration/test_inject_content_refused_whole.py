@@ -93,3 +93,53 @@ def test_pigeon_inject_no_template_of_such_content_exits_2_with_the_reply(node: 
     done = zygote.run(command, input=content, text=True, timeout=60, check=False)
     assert done.returncode == 2, done
     assert f"pigeon: 400: {reply} ($.content)" in done.stderr
+
+
+TOO_BIG = f"552 5.3.4 Message size exceeds fixed maximum message size of {MAX_SIZE} octets"
+# Under max_message_size in characters, over it in octets (each "é" two in UTF-8, each line
+# end a CRLF): no render budget is spent, and the message is too big all the same.
+WIDE = "From: a@example.org\nSubject: hi\n\n" + ("é" * 70 + "\n") * 80
+
+
+@pytest.mark.parametrize(
+    ("path", "how"),
+    [
+        ("/api/v1/inject", {"template": False}),
+        ("/api/v1/inject", {}),
+        ("/api/v1/inject", {"content": WIDE + "{{ email }}\n"}),
+        ("/api/v1/inject", {"content": {"from": {"email": "a@example.org"}, "text": WIDE}}),
+        ("/api/inject/v1", {"template_dialect": "Static"}),
+        ("/api/inject/v1", {}),
+        ("/api/inject/v1", {"content": WIDE + "{{ email }}\n"}),
+    ],
+    ids=["as-is", "template", "rendered", "parts", "kumo-static", "kumo-template", "kumo-rendered"],
+)
+def test_content_over_max_message_size_refuses_the_request_whatever_template_says(
+    node: PigeonProcess, path: str, how: dict[str, object]
+) -> None:
+    """Found from outside: the same content over max_message_size got 400 naming `$.content` as
+    it is (`"template": false`), but 422 with `552 5.3.4` for each recipient as a template,
+    with or without `{{ }}`. README: a render over max_message_size is refused with 400 for the
+    first recipient, and content that is no template with SMTP's reply."""
+    request = {"envelope_sender": "app@example.org", "content": WIDE, **how,
+               "recipients": [{"email": "big-1@example.net"}, {"email": "big-2@example.net"}]}  # fmt: skip
+    before = len(node.spool_messages())
+    status, answer = node.http_post(path, request, TOKEN)
+    assert (status, answer) == (400, {"error": TOO_BIG, "field": "$.content"})
+    assert len(node.spool_messages()) == before
+
+
+def test_a_later_recipient_whose_render_is_over_max_message_size_is_refused_alone(node: PigeonProcess) -> None:
+    """Once a recipient's message was taken, the content is no longer at fault: a later one
+    its substitutions make too big gets SMTP's reply, alone; and a render that passes the size
+    in characters is stopped, 400 naming the limit, as the first recipient's."""
+    request = {"envelope_sender": "app@example.org", "content": "From: a@example.org\n\n{{ x }}\n",
+               "recipients": [{"email": "fits@example.net", "substitutions": {"x": "é"}},
+                              {"email": "wide@example.net", "substitutions": {"x": "é" * 5000}}]}  # fmt: skip
+    status, answer = node.http_post("/api/v1/inject", request, TOKEN)
+    assert (status, answer["accepted"]) == (200, 1), answer
+    assert answer["recipients"][1] == {"email": "wide@example.net", "error": TOO_BIG}
+    request["recipients"] = [{"email": "long@example.net", "substitutions": {"x": "x" * (MAX_SIZE + 1)}}]
+    status, answer = node.http_post("/api/v1/inject", request, TOKEN)
+    limit = f"template raw: output over {MAX_SIZE} characters (the message size limit)"
+    assert (status, answer) == (400, {"error": limit, "field": "$.content"})

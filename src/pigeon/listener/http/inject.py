@@ -19,10 +19,12 @@ Message-ID not of RFC 5322's syntax, over max_message_size (counting none of wha
 wrote: its Date, Message-ID), a loop's Received fields, an X-Tenant that cannot name a
 queue): one that fails is refused with the reply SMTP would give (554 5.6.0, 552 5.3.4).
 Content that is not a template (`template` false) is every recipient's alike: failing the
-check, it refuses the request (400 naming `$.content`, with that reply), as a repeated field
-(no From, a bad Date or Message-ID, an X-Tenant or X-Campaign that cannot name a queue) in
-the first recipient's message does; a field given among the parts' `headers` is named there
-(`$.content.headers.X-Campaign`), as a tenant the token may not name is (403).
+check, it refuses the request (400 naming `$.content`, with that reply), as a first
+recipient's message over max_message_size does whatever `template` says (as a render past
+that size does), and as a repeated field (no From, a bad Date or Message-ID, an X-Tenant or
+X-Campaign that cannot name a queue) in the first recipient's message does; a field given
+among the parts' `headers` is named there (`$.content.headers.X-Campaign`), as a tenant the
+token may not name is (403).
 
 A recipient may be a bare `postmaster`, and `postmaster@<hostname>` in any case is it too:
 delivered to `[smtp] postmaster`, as `RCPT TO:<postmaster>` is (`address.is_postmaster`), and
@@ -503,7 +505,8 @@ async def _inject(
         # recipient's substitutions are only seen here, and the next hop must never get a
         # bare LF or CR it could take for the end of the data. Content not rendered per
         # recipient that fails the check is the request's fault: every recipient's message
-        # would fail alike, so the request is refused whole (as is a second From), once.
+        # would fail alike, so the request is refused whole (as is a second From), once; so is
+        # a first message over the size, rendered or not (`_refuses_whole`).
         # The replies are SMTP reception's own (`replies`), word for word: one rule, one text.
         unfit = check_message(
             composed.data,
@@ -512,7 +515,7 @@ async def _inject(
             uncounted=composed.own,  # (what Pigeon wrote itself: SMTP does not count its own either)
         )
         if unfit is not None:
-            if first_composed and not parsed.template:
+            if first_composed and _refuses_whole(unfit, parsed, config):
                 raise content_refused(unfit)
             refuse(result, unfit)
             continue
@@ -683,20 +686,30 @@ def _check_content_alone(
 
 def _unfit_content(composed: Composed, parsed: InjectRequest, config: Config) -> Reply | None:
     """Why `composed` cannot be stored as SMTP reception would refuse it (`check_message`), or
-    None. Content refused whole (not a template's, and any with a header field given twice) is
-    refused here, for the whole request (400); a template's unfit rendering is returned, to be
-    refused per recipient, as a rendering for each is."""
+    None. Content refused whole (`_refuses_whole`: not a template's, or over the size; and any
+    with a header field given twice) is refused here, for the whole request (400); a template's
+    otherwise unfit rendering is returned, to be refused per recipient, as a rendering for each is."""
     unfit = check_message(
         composed.data,
         max_size=config.smtp.max_message_size,
         max_line_length=config.smtp.max_line_length,
         uncounted=composed.own,
     )
-    if unfit is not None and not parsed.template:
+    if unfit is not None and _refuses_whole(unfit, parsed, config):
         raise content_refused(unfit)
     if (repeated := repeated_field_in(composed.data)) is not None:
         raise content_refused(replies.content_field_repeated(repeated))
     return unfit
+
+
+def _refuses_whole(unfit: Reply, parsed: InjectRequest, config: Config) -> bool:
+    """Whether the first recipient's message failing the content check with `unfit` refuses the
+    request whole (400 naming `$.content`, with SMTP's reply): content sent as it is (not a
+    template) fails it for every recipient; and a message over `[smtp] max_message_size` is
+    refused so whatever `template` says, as a render whose output passes that size is (a
+    render budget, `TemplateLimitError`): the same content gets the same answer, rendered or
+    not. A later recipient's is refused alone, as its substitutions may be what made it so."""
+    return not parsed.template or unfit == replies.message_too_big(config.smtp.max_message_size)
 
 
 def _shared_messages(
