@@ -118,7 +118,8 @@ class Address(msgspec.Struct, forbid_unknown_fields=True):
 class Attachment(msgspec.Struct, forbid_unknown_fields=True):
     data: str
     """The content: text (encoded in the charset `content_type` names; a text/* type naming none
-    gets charset=utf-8), or base64 of bytes sent as they are when `base64` is true."""
+    gets charset=utf-8), or base64 of bytes sent as they are when `base64` is true (its line breaks
+    and other ASCII white space skipped: `base64_bytes`)."""
     content_type: Annotated[
         str,
         msgspec.Meta(
@@ -203,7 +204,8 @@ class InjectRequest(msgspec.Struct, forbid_unknown_fields=True):
     content_encoding: Annotated[
         Literal["base64"] | None,
         msgspec.Meta(
-            description='"base64": `content` is the base64 of a raw message\'s bytes (RFC 4648, no line breaks),'
+            description='"base64": `content` is the base64 of a raw message\'s bytes (RFC 4648; line breaks and'
+            " other ASCII white space are skipped, as base64(1) and MIME (RFC 2045 6.8) break it into lines),"
             " for one that is not UTF-8 (8-bit text in a legacy charset, which SMTP takes and a JSON string cannot"
             " hold). Raw content only; sent as it is, no template (`template` must be false). Its line breaks are"
             " made CRLF and it meets the checks raw text meets, with the same replies"
@@ -333,10 +335,7 @@ def check_request(
                 )
             _as_is_in_header(attachment.content_id, f"{where}.content_id")
             if attachment.base64:
-                try:
-                    base64.b64decode(attachment.data, validate=True)
-                except ValueError as error:  # binascii.Error, or a character beyond ASCII
-                    raise ComposeError(f"not base64: {error}", f"$.content.attachments[{index}].data") from None
+                base64_bytes(attachment.data, f"{where}.data")
             _check_parameters(attachment, f"{where}.content_type")
             attachment_content(attachment, where)  # text in a charset that can hold it
             # Folded between its parameters at worst: each must fit a line of its own.
@@ -458,7 +457,7 @@ def attachment_content(attachment: Attachment, where: str = "$.content.attachmen
     (RFC 2045 5.2) and show UTF-8 as mojibake. ComposeError (naming the field under `where`)
     when the charset is unknown or cannot hold the text."""
     if attachment.base64:
-        return base64.b64decode(attachment.data), attachment.content_type
+        return base64_bytes(attachment.data, f"{where}.data"), attachment.content_type
     kind, parameters = mime.media_type(attachment.content_type)
     charset = next((value.strip('"') for name, value in parameters if name.lower() == "charset"), None)
     if charset is None:
@@ -551,10 +550,22 @@ def encoded_content(request: InjectRequest) -> bytes:
     """The bytes of raw content given in base64 (`content_encoding`); ComposeError naming
     `$.content` when it is not base64."""
     assert isinstance(request.content, str)
+    return base64_bytes(request.content, "$.content")
+
+
+_BASE64_WHITE_SPACE: Final = str.maketrans("", "", " \t\n\r\v\f")
+"""ASCII white space, which base64 broken into lines holds (`base64_bytes`)."""
+
+
+def base64_bytes(text: str, field: str) -> bytes:
+    """The bytes `text` is the base64 of (RFC 4648 4, padded), ComposeError naming `field` when
+    it is not. Its ASCII white space is skipped: base64(1) and MIME writers break base64 into
+    lines of 76 columns (RFC 2045 6.8, whose decoders ignore the line breaks), and end it with
+    one. Any other character outside the alphabet is refused, as is base64url's `-` and `_`."""
     try:
-        return base64.b64decode(request.content, validate=True)
+        return base64.b64decode(text.translate(_BASE64_WHITE_SPACE), validate=True)
     except ValueError as error:  # binascii.Error, or a character beyond ASCII
-        raise ComposeError(f"not base64: {error}", "$.content") from None
+        raise ComposeError(f"not base64: {error}", field) from None
 
 
 class Composer:

@@ -8,6 +8,8 @@ made all the message body, its From and Subject included (README, "Injection")."
 from __future__ import annotations
 
 import base64
+import email
+import email.policy
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -198,3 +200,49 @@ def test_api_base64_content_refusals_name_the_field(
     assert status == 400, answer
     assert answer["field"] == field
     assert answer["error"].startswith(error)
+
+
+WRAPPED = b"From: a@example.org\r\nSubject: hi\r\n\r\n" + b"h\xe9llo there " * 20 + b"\r\n"
+WRAPS = {
+    "base64(1)": lambda text: base64.encodebytes(text).decode(),  # 76 columns, LF, one at the end
+    "mime": lambda text: base64.encodebytes(text).decode().replace("\n", "\r\n"),  # RFC 2045 6.8: CRLF
+    "white space": lambda text: " \t" + " ".join(base64.b64encode(text).decode()) + "\r\n\n",
+}
+
+
+@pytest.mark.parametrize("wrap", list(WRAPS))
+def test_api_takes_base64_broken_into_lines_as_base64_1_and_mime_write_it(node: PigeonProcess, wrap: str) -> None:
+    """Found from outside: base64 wrapped at 76 columns, or ending in a line break, got 400
+    "not base64: Only base64 data is allowed" ("Excess data after padding"), as `content` and
+    as an attachment's `data`, at both doors: what base64(1) and MIME writers put out (RFC 2045
+    6.8: decoders ignore the line breaks)."""
+    encoded = WRAPS[wrap](WRAPPED)
+    recipient = f"wrapped-{wrap.replace(' ', '-').replace('(1)', '')}@example.net"
+    request = {**_request(WRAPPED, recipient), "content": encoded}
+    status, answer = node.http_post("/api/v1/inject", request, TOKEN)
+    assert (status, answer["accepted"]) == (200, 1), answer
+    assert _stored(node, recipient)["data"].endswith(WRAPPED)
+    attachment = {"data": encoded, "base64": True, "content_type": "application/octet-stream", "file_name": "m.bin"}
+    content = {"from": {"email": "a@example.org"}, "text_body": "hi", "attachments": [attachment]}
+    kumo = {"envelope_sender": "app@example.org", "recipients": [{"email": f"kumo-{recipient}"}], "content": content}
+    status, answer = node.http_post("/api/inject/v1", kumo, TOKEN)
+    assert (status, answer["success_count"]) == (200, 1), answer
+    message = email.message_from_bytes(_stored(node, f"kumo-{recipient}")["data"], policy=email.policy.default)
+    [part] = [part for part in message.walk() if part.get_filename() == "m.bin"]
+    assert part.get_content() == WRAPPED
+
+
+@pytest.mark.parametrize("other", ["*", "\u00a0", "\u2028", "-"])
+def test_api_refuses_base64_with_any_other_character_naming_the_field(node: PigeonProcess, other: str) -> None:
+    """White space aside (ASCII), a character outside base64's alphabet is still refused."""
+    encoded = base64.encodebytes(WRAPPED).decode()
+    encoded = encoded[:40] + other + encoded[40:]
+    status, answer = node.http_post("/api/v1/inject", {**_request(WRAPPED, "x@example.net"), "content": encoded}, TOKEN)
+    assert (status, answer["field"]) == (400, "$.content"), answer
+    assert answer["error"].startswith("not base64: "), answer
+    attachment = {"data": encoded, "base64": True}
+    content = {"from": {"email": "a@example.org"}, "text": "hi", "attachments": [attachment]}
+    request = {"envelope_sender": "app@example.org", "recipients": [{"email": "x@example.net"}], "content": content}
+    status, answer = node.http_post("/api/v1/inject", request, TOKEN)
+    assert (status, answer["field"]) == (400, "$.content.attachments[0].data"), answer
+    assert answer["error"].startswith("not base64: "), answer

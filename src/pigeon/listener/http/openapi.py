@@ -300,7 +300,11 @@ _NO_NUL_CR_LF: Final = "^[^\\u0000\\r\\n]*$"
 # document promises what is surely taken.
 _FIELD_LINE: Final = "[!-9;-~]+[\\t ]*:[^\\u0000\\r\\n]*(?:\\r?\\n[\\t ][^\\u0000\\r\\n]*)*\\r?\\n"
 _RAW_WITH_FROM: Final = f"^(?:{_FIELD_LINE})*[Ff][Rr][Oo][Mm][\\t ]*:[\\t ]*[^\\u0000\\t\\r\\n ][^\\u0000]*$"
-_BASE64: Final = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+# Base64 that `compose.base64_bytes` surely takes: the alphabet, padded, with ASCII white space
+# anywhere (line breaks: base64(1) and MIME write lines of 76 columns, and end with one).
+_WHITE: Final = "[\\t\\n\\v\\f\\r ]*"
+_SYMBOL: Final = f"[A-Za-z0-9+/]{_WHITE}"
+_BASE64: Final = f"^{_WHITE}(?:{_SYMBOL * 4})*(?:{_SYMBOL * 2}={_WHITE}={_WHITE}|{_SYMBOL * 3}={_WHITE})?$"
 
 
 def _tighten_inject_request(components: dict[str, Any]) -> None:
