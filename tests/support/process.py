@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -301,6 +301,18 @@ class PigeonProcess:
                 return found
             if time.monotonic() > deadline:
                 raise AssertionError(f"{len(found)} {kind} records in {timeout}s, not {count}")
+            time.sleep(0.02)
+
+    def wait_record(self, kind: str, match: Callable[[dict[str, Any]], bool], timeout: float = 10.0) -> dict[str, Any]:
+        """The last record of `kind` that `match`es, once there is one: a node a module's tests
+        share has earlier tests' records, which may be written after a later test's reply."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = [record for record in self.records(kind) if match(record)]
+            if found:
+                return found[-1]
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no matching {kind} record in {timeout}s")
             time.sleep(0.02)
 
     def spool_messages(self) -> list[dict[str, Any]]:
