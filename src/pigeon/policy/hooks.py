@@ -40,16 +40,19 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import difflib
 import importlib
 import importlib.util
 import inspect
 import itertools
 import logging
+import signal
 import sys
+import threading
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, ModuleType
@@ -550,48 +553,92 @@ def _import(spec: str, directory: Path | None = None) -> ModuleType:
     The new module is in `sys.modules` only while it runs (its own imports, dataclasses and
     pickling look it up there), then what was there before is put back: `Policy.take` names
     it there once it is in force. Only the module itself runs again: modules it imports
-    stay as they were imported the first time."""
+    stay as they were imported the first time.
+
+    Whatever the module raises is its failure to load (`PolicyLoadError`), a BaseException too:
+    a `sys.exit()` at its top level, a KeyboardInterrupt it raises itself (found from outside:
+    either stopped the node at a SIGHUP, or ended a start with a bare traceback). Not what a
+    signal's handler raises meanwhile in the main thread, which is a stop of the process (a
+    Ctrl-C, the node's `Stopped`): that goes on (`_stops_noted`). A reload imports in a thread
+    of its own, where no handler runs: all it meets is the module's."""
+    stops: list[int] = []
     try:
-        if spec.endswith(".py") or "/" in spec:
-            path = Path(spec)
-            if not path.is_file():
-                raise PolicyLoadError(f"policy module {spec}: no such file")
-            _on_path(path.absolute().parent)
-            found = importlib.util.spec_from_file_location(f"pigeon_policy_{next(_file_modules)}", path)
-        else:
-            first = spec.partition(".")[0]
-            # (only when it is there: a file beside the config, a json.py say, must not stand in
-            # for a module of that name everywhere in the process)
-            if directory is not None and ((directory / first).is_dir() or (directory / f"{first}.py").is_file()):
-                _on_path(directory)
-                importlib.invalidate_caches()  # a module file made since the last look is found
-                if (elsewhere := _found_elsewhere(first, directory)) is not None:
-                    raise PolicyLoadError(
-                        f"policy module {spec}: `import {first}` imports {elsewhere}, not what is beside the "
-                        f"config file in {directory}: give it a name of its own"
-                    )
-            importlib.invalidate_caches()  # a module file made since the last look is found
-            found = importlib.util.find_spec(spec)
-            if found is None:
-                raise ModuleNotFoundError(f"No module named {spec!r}", name=spec)
-        if found is None or found.loader is None:
-            raise PolicyLoadError(f"policy module {spec}: cannot be loaded as Python")
-        module = importlib.util.module_from_spec(found)
-        name = module.__name__
-        before = sys.modules.get(name)
-        sys.modules[name] = module
-        try:
-            found.loader.exec_module(module)
-        finally:
-            if before is not None:
-                sys.modules[name] = before
-            else:
-                sys.modules.pop(name, None)
-        return module
+        with _stops_noted(stops):
+            return _imported(spec, directory)
     except PolicyLoadError:
         raise
-    except Exception as error:
+    except BaseException as error:
+        if stops:
+            raise
         raise PolicyLoadError(f"policy module {spec} cannot be loaded: {_load_failure(error)}") from _from_module(error)
+
+
+@contextlib.contextmanager
+def _stops_noted(stops: list[int]) -> Iterator[None]:
+    """Each SIGINT or SIGTERM whose handler runs during the block noted in `stops`, the handler
+    then run as before: what it raises (KeyboardInterrupt, `Stopped`) is then told from the same
+    exception raised by the module. Only in the main thread, where Python runs handlers, and
+    only for a handler of Python's (the default of SIGTERM ends the process with no exception)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noting: dict[signal.Signals, tuple[Callable[..., Any], Callable[..., Any]]] = {}  # ours, and the one before
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(signum)
+        if callable(handler):
+
+            def noted(number: int, frame: FrameType | None, handler: Callable[..., Any] = handler) -> Any:
+                stops.append(number)
+                return handler(number, frame)
+
+            noting[signum] = (noted, handler)
+            signal.signal(signum, noted)
+    try:
+        yield
+    finally:
+        for signum, (noted, handler) in noting.items():
+            if signal.getsignal(signum) is noted:  # (a module that set its own handler keeps it)
+                signal.signal(signum, handler)
+
+
+def _imported(spec: str, directory: Path | None) -> ModuleType:
+    """`_import`'s import, raising what the module or the import machinery raised."""
+    if spec.endswith(".py") or "/" in spec:
+        path = Path(spec)
+        if not path.is_file():
+            raise PolicyLoadError(f"policy module {spec}: no such file")
+        _on_path(path.absolute().parent)
+        found = importlib.util.spec_from_file_location(f"pigeon_policy_{next(_file_modules)}", path)
+    else:
+        first = spec.partition(".")[0]
+        # (only when it is there: a file beside the config, a json.py say, must not stand in
+        # for a module of that name everywhere in the process)
+        if directory is not None and ((directory / first).is_dir() or (directory / f"{first}.py").is_file()):
+            _on_path(directory)
+            importlib.invalidate_caches()  # a module file made since the last look is found
+            if (elsewhere := _found_elsewhere(first, directory)) is not None:
+                raise PolicyLoadError(
+                    f"policy module {spec}: `import {first}` imports {elsewhere}, not what is beside the "
+                    f"config file in {directory}: give it a name of its own"
+                )
+        importlib.invalidate_caches()  # a module file made since the last look is found
+        found = importlib.util.find_spec(spec)
+        if found is None:
+            raise ModuleNotFoundError(f"No module named {spec!r}", name=spec)
+    if found is None or found.loader is None:
+        raise PolicyLoadError(f"policy module {spec}: cannot be loaded as Python")
+    module = importlib.util.module_from_spec(found)
+    name = module.__name__
+    before = sys.modules.get(name)
+    sys.modules[name] = module
+    try:
+        found.loader.exec_module(module)
+    finally:
+        if before is not None:
+            sys.modules[name] = before
+        else:
+            sys.modules.pop(name, None)
+    return module
 
 
 def _load_failure(error: BaseException) -> str:
@@ -608,7 +655,7 @@ def _load_failure(error: BaseException) -> str:
     return where + " ".join("".join(traceback.format_exception_only(error)).split())
 
 
-def _from_module(error: Exception) -> Exception | None:
+def _from_module(error: BaseException) -> BaseException | None:
     """`error` with its traceback starting at the first frame that is not Pigeon's or importlib's
     (the policy module's), for a log that shows it (`exc_info`): how `import` got there says
     nothing. A SyntaxError keeps none: its own lines say where (file, line, a caret). None: no

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import signal
 import sys
 import textwrap
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 
 from pigeon.config.schema import PolicyConfig, PositiveDuration
 from pigeon.logs.records import PolicyFailure
+from pigeon.node import signals
 from pigeon.policy import Changes, Fail, Headers, Reclassify, Refuse
 from pigeon.policy.answers import folded_field
 from pigeon.policy.hooks import (
@@ -79,6 +81,42 @@ def test_a_module_that_cannot_be_imported_is_refused_with_its_reason(tmp_path: P
         _policy(tmp_path, "on_connect = 42\n")
     with pytest.raises(PolicyLoadError, match="no such file"):
         Policy(str(tmp_path / "missing.py")).load()
+
+
+@pytest.mark.parametrize(
+    ("raised", "said"),
+    [
+        ("import sys\nsys.exit(0)", "SystemExit: 0"),
+        ("raise SystemExit('policy wants out')", "SystemExit: policy wants out"),
+        ("raise KeyboardInterrupt", "KeyboardInterrupt"),
+        ("raise GeneratorExit", "GeneratorExit"),
+        ("raise BaseException('bare')", "BaseException: bare"),
+    ],
+)
+def test_a_module_that_raises_a_base_exception_at_import_cannot_be_loaded(
+    tmp_path: Path, raised: str, said: str
+) -> None:
+    # Its failure, as a SyntaxError is (found from outside: a sys.exit(0) stopped the node at a SIGHUP).
+    with pytest.raises(PolicyLoadError, match=rf"policy\.py:\d: {re.escape(said)}$") as failed:
+        _policy(tmp_path, f"def on_connect(c):\n    pass\n{raised}\n")
+    assert failed.value.__cause__ is not None and failed.value.__cause__.__traceback__ is not None
+    assert failed.value.__cause__.__traceback__.tb_frame.f_code.co_filename == str(tmp_path / "policy.py")
+
+
+def test_a_ctrl_c_during_the_import_is_a_stop_not_the_modules_failure(tmp_path: Path) -> None:
+    """A KeyboardInterrupt a real SIGINT raises in the main thread (`serve --check`, whose SIGINT
+    is Python's default) goes on; the node's own stop (`signals.stoppable`) too, as `Stopped`."""
+    source = "import os, signal, time\nos.kill(os.getpid(), signal.{signal})\ntime.sleep(5)\n"
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _policy(tmp_path, source.format(signal="SIGINT"))
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back as it was
+        for stop in ("SIGINT", "SIGTERM"):
+            with pytest.raises(signals.Stopped, match=stop), signals.stoppable():
+                _policy(tmp_path, source.format(signal=stop))
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_a_failed_reload_keeps_the_hooks_it_had(tmp_path: Path) -> None:
