@@ -8,6 +8,7 @@ import re
 import signal
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType
 
@@ -16,7 +17,7 @@ import pytest
 from pigeon.config.schema import PolicyConfig, PositiveDuration
 from pigeon.logs.records import PolicyFailure
 from pigeon.node import signals
-from pigeon.policy import Changes, Fail, Headers, Reclassify, Refuse
+from pigeon.policy import Changes, Defer, Fail, Headers, Reclassify, Refuse, Reroute
 from pigeon.policy.answers import folded_field
 from pigeon.policy.hooks import (
     POLICY_ERROR,
@@ -320,6 +321,53 @@ def test_answers_refuse_what_cannot_be_said() -> None:
 def test_changes_of_the_wrong_type_are_refused_naming_the_field(changes: dict[str, object], says: str) -> None:
     with pytest.raises(TypeError, match=re.escape(says)):
         Changes(**changes)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("answer", "says"),
+    [
+        (lambda: Defer(delay="soon"), "Defer delay must be seconds (an int or a float) or None, not str 'soon'"),
+        (lambda: Defer(delay=True), "Defer delay must be seconds (an int or a float) or None, not bool True"),
+        (lambda: Defer(reason=5), "Defer reason must be a str, not int 5"),
+        (lambda: Fail(reason=None), "Fail reason must be a str, not NoneType None"),
+        (lambda: Refuse(550, text=b"no"), "Refuse text must be a str, not bytes b'no'"),
+        (lambda: Refuse(550, enhanced=571), "Refuse enhanced must be a str, not int 571"),
+        (lambda: Reroute(None), 'Reroute domain must be a str (a domain name, or "" for the recipients\' own), not '),
+        (lambda: Reroute(5), 'Reroute domain must be a str (a domain name, or "" for the recipients\' own), not int 5'),
+    ],
+)
+def test_answers_of_the_wrong_type_are_refused_naming_the_field(answer: Callable[[], object], says: str) -> None:
+    """Found from outside: `Defer(delay="soon")` said `'>=' not supported between instances of
+    'str' and 'int'`, `Reroute(None)` `'NoneType' object is not iterable`."""
+    with pytest.raises(TypeError, match=f"^{re.escape(says)}"):
+        answer()
+
+
+@pytest.mark.parametrize(
+    ("route", "says"),
+    [
+        ("a..b", "has an empty label (a dot at the start, or two in a row, as in 'a..b')"),
+        (".", "has an empty label"),
+        ("x" * 64 + ".test", "has a label of 64 characters; a host name's are at most 63"),
+        ("a." * 150 + "test", "is 304 characters long; a host name is at most 253"),
+        ("*.example.net", "holds '*', '?' or '[': a route is one domain name, not a glob"),
+        ("[999.1.1.1]", "holds '*', '?' or '['"),
+        ("relay@example.net", "holds '@', which no host name holds"),
+        ("relay .test", "holds white space"),
+    ],
+)
+def test_a_route_that_is_no_domain_name_is_refused_as_a_route_domain_is(route: str, says: str) -> None:
+    with pytest.raises(ValueError, match=f"^route {re.escape(repr(route)[:40])}.* {re.escape(says)}"):
+        Changes(route=route)
+    with pytest.raises(ValueError, match=f"^Reroute domain {re.escape(repr(route)[:40])}.* {re.escape(says)}"):
+        Reroute(route)
+
+
+@pytest.mark.parametrize(
+    "route", ["", "relay.test", "Relay.Test.", "bücher.example", "[192.0.2.1]", "[IPv6:2001:db8::1]"]
+)
+def test_a_route_that_is_a_domain_name_or_an_address_literal_is_taken(route: str) -> None:
+    assert Changes(route=route).route == Reroute(route).domain == route
 
 
 @pytest.mark.parametrize(
