@@ -88,6 +88,7 @@ _ANSWERS: Final[dict[str, tuple[type, ...]]] = {
     "before_delivery": (Defer, Fail, Reroute),
     "on_delivery_outcome": (Reclassify,),
 }
+_HOOK_PREFIXES: Final = ("on_", "before_", "after_")  # (in lower case) of a name meant for a hook
 _ACTIONS: Final = {"before_delivery": "deferred", "on_delivery_outcome": "kept"}  # others: the reply
 POLICY_ERROR: Final = Reply(451, "4.3.0", ("policy error; try again later",))
 POLICY_TIMEOUT: Final = Reply(451, "4.3.0", ("policy check timed out; try again later",))
@@ -117,6 +118,7 @@ class PolicyModule:
     spec: str | None
     sync: Literal["inline", "thread"]
     runner: _Runner
+    warnings: tuple[str, ...] = ()  # what to say of the module (`Policy.prepare`'s `warn`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -386,6 +388,7 @@ class Policy:
         "on_rcpt_to",
         "spec",
         "sync",
+        "warnings",
     )
 
     def __init__(
@@ -404,6 +407,7 @@ class Policy:
         self._directory = directory
         self.sync = sync
         self.module: ModuleType | None = None
+        self.warnings: tuple[str, ...] = ()  # the module's (`prepare`), for the caller to say
         self._runner = _Runner(timeout, threads if sync == "thread" else None, log)
         self.on_connect: Hook[Refuse] | None = None
         self.on_mail_from: Hook[Refuse] | None = None
@@ -428,8 +432,11 @@ class Policy:
         outside, a `[policy]` section added to a running node was said to wait for one, while
         an edit of the module's code did not). Its module None: no policy (every hook None).
 
-        `warn`: log a warning for each function named like a hook that is none (`on_mesage`).
-        Every process of a node loads the module: only one of them should say so."""
+        `warn`: find what to warn of (its `warnings`): each function named like a hook that is
+        none (`on_mesage`, `On_Connect`), each module beside it that its `import` cannot reach.
+        They are said by the caller, as the configuration's warnings are (logged by the node,
+        `pigeon: warning: ...` by `serve --check`), and by one process of a node only: every
+        process loads the module."""
         spec, sync, runner = self.spec, self.sync, self._runner
         if config is not None:
             spec, sync = config.module, config.sync
@@ -440,16 +447,13 @@ class Policy:
             none: dict[str, Hook[Any] | None] = dict.fromkeys(HOOKS)
             return PolicyModule(None, none, None, sync, runner)
         module = _import(spec, self._directory)
+        warnings: list[str] = []
         beside = _beside(spec, self._directory) if warn else None
         for entry, elsewhere in shadowed(*beside) if beside is not None else ():
             # (a script of the operator's there, a DNS server called dns.py, is not run either)
-            _log.warning(
-                "policy %s: %s is not what `import %s` imports: %s is (Python's modules and those installed "
-                "come first); a module of the policy's own needs a name of its own",
-                spec,
-                entry,
-                entry.stem,
-                elsewhere,
+            warnings.append(
+                f"policy {spec}: {entry} is not what `import {entry.stem}` imports: {elsewhere} is (Python's "
+                "modules and those installed come first); a module of the policy's own needs a name of its own"
             )
         hooks: dict[str, Hook[Any] | None] = {}
         for name in HOOKS:
@@ -465,17 +469,17 @@ class Policy:
             mode: Literal["inline", "async", "thread"] = "async" if inspect.iscoroutinefunction(function) else sync
             hooks[name] = Hook(name, function, mode, runner)
         for name in dir(module) if warn else ():
-            if name.startswith(("on_", "before_", "after_")) and name not in HOOKS and callable(getattr(module, name)):
-                close = [_MEANT[name]] if name in _MEANT else difflib.get_close_matches(name, HOOKS, n=1)
+            # In any case: a hook is looked up by its exact name (found from outside: On_Connect, never
+            # called, was said nothing of).
+            lowered = name.lower()
+            if lowered.startswith(_HOOK_PREFIXES) and name not in HOOKS and callable(getattr(module, name)):
+                close = [_MEANT[lowered]] if lowered in _MEANT else difflib.get_close_matches(lowered, HOOKS, n=1)
                 hint = f" (did you mean {close[0]}?)" if close else ""
-                _log.warning(
-                    "policy %s: %s is not a hook name and is never called%s; the hooks are %s",
-                    spec,
-                    name,
-                    hint,
-                    ", ".join(HOOKS),
+                warnings.append(
+                    f"policy {spec}: {name} is not a hook name and is never called{hint}; "
+                    f"the hooks are {', '.join(HOOKS)}"
                 )
-        return PolicyModule(module, hooks, spec, sync, runner)
+        return PolicyModule(module, hooks, spec, sync, runner, tuple(warnings))
 
     def take(self, prepared: PolicyModule) -> list[str]:
         """The hooks `prepare` found, from now on (on the loop): a new connection or attempt
@@ -489,6 +493,7 @@ class Policy:
             sys.modules[module.__name__] = module  # dataclasses and pickling look their module up there
         self.module = module
         self.spec, self.sync = prepared.spec, prepared.sync
+        self.warnings = prepared.warnings
         if prepared.runner is not self._runner:
             # Calls already handed to the old threads still run (and are waited for as they were).
             replaced, self._runner = self._runner, prepared.runner
@@ -506,8 +511,8 @@ class Policy:
     def from_config(
         cls, config: PolicyConfig, log: LogWriter | None = None, *, warn: bool = True, config_path: Path | None = None
     ) -> Policy:
-        """The policy `[policy]` describes, loaded (`warn`: see `load()`); `config_path`: the
-        file it is from (None: its defaults). Raises `PolicyLoadError`."""
+        """The policy `[policy]` describes, loaded (`warn`: see `prepare()`; its `warnings` then
+        say them); `config_path`: the file it is from (None: its defaults). Raises `PolicyLoadError`."""
         directory = None if config_path is None else config_path.absolute().parent
         threads = config.threads
         policy = cls(

@@ -53,12 +53,30 @@ def test_no_module_means_no_hooks() -> None:
     assert policy.load() == [] and policy.defined() == []
 
 
-def test_a_misspelt_hook_name_is_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING):
-        _policy(tmp_path, "def on_mail(mail):\n    pass\n")
-    assert "on_mail is not a hook name and is never called (did you mean on_mail_from?)" in caplog.text
+def test_a_misspelt_hook_name_is_warned_about(tmp_path: Path) -> None:
+    """Said by the caller (`Policy.warnings`), as the configuration's warnings are: `serve
+    --check` prints them as `pigeon: warning: ...`, the node logs them."""
+    policy = _policy(tmp_path, "def on_mail(mail):\n    pass\n")
     hooks = "on_connect, on_mail_from, on_rcpt_to, on_message, before_delivery, on_delivery_outcome"
-    assert f"the hooks are {hooks}" in caplog.text
+    assert policy.warnings == (
+        f"policy {tmp_path / 'policy.py'}: on_mail is not a hook name and is never called (did you mean "
+        f"on_mail_from?); the hooks are {hooks}",
+    )
+    assert _policy(tmp_path, "def on_mail_from(mail):\n    pass\n").warnings == ()
+
+
+def test_a_hook_name_in_the_wrong_case_is_warned_about(tmp_path: Path) -> None:
+    # Found from outside: On_Connect, never called (a hook is looked up by its exact name), was said nothing of.
+    policy = _policy(
+        tmp_path, "def On_Connect(c):\n    pass\ndef BEFORE_DELIVERY(d):\n    pass\ndef On_Data(m):\n    pass\n"
+    )
+    said = [warning.partition(": ")[2].partition(";")[0] for warning in policy.warnings]
+    assert said == [
+        "BEFORE_DELIVERY is not a hook name and is never called (did you mean before_delivery?)",
+        "On_Connect is not a hook name and is never called (did you mean on_connect?)",
+        "On_Data is not a hook name and is never called (did you mean on_message?)",
+    ]
+    assert Policy(str(tmp_path / "policy.py")).prepare(warn=False).warnings == ()
 
 
 def test_a_hook_that_cannot_take_its_one_argument_is_refused_at_load(tmp_path: Path) -> None:
@@ -183,7 +201,7 @@ def test_a_dotted_name_from_elsewhere_does_not_put_the_config_directory_on_sys_p
 
 
 def test_modules_beside_the_policy_named_like_others_are_not_imported_and_are_named(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Python's modules and those installed come before the policy's own: a json.py or a json/
     beside it stands in for nothing, and is said to be unreachable; a dotted policy in such a
@@ -195,10 +213,11 @@ def test_modules_beside_the_policy_named_like_others_are_not_imported_and_are_na
         "import json, pigeon_test_own_helpers\n\ndef on_connect(c):\n    return None\n"
         "assert pigeon_test_own_helpers.ANSWER == 42 and json.dumps([]) == '[]'\n"
     )
-    with caplog.at_level(logging.WARNING):
-        assert Policy(str(tmp_path / "policy.py")).load() == ["on_connect"]
-    assert f"{tmp_path / 'json.py'} is not what `import json` imports" in caplog.text
-    assert "pigeon_test_own_helpers" not in caplog.text  # a name of its own: imported from there
+    policy = Policy(str(tmp_path / "policy.py"))
+    assert policy.load() == ["on_connect"]
+    (said,) = policy.warnings
+    assert f"{tmp_path / 'json.py'} is not what `import json` imports" in said
+    assert "pigeon_test_own_helpers" not in said  # a name of its own: imported from there
     (tmp_path / "json.py").unlink()
     (tmp_path / "json").mkdir()
     (tmp_path / "json" / "__init__.py").write_text("")
@@ -589,14 +608,11 @@ async def test_a_hook_tasks_coroutine_closed_from_outside_is_not_the_hooks_failu
     assert _raised_by_hook(SystemExit(), loop, running)
 
 
-def test_a_hook_named_for_what_another_does_is_pointed_at_that_one(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_a_hook_named_for_what_another_does_is_pointed_at_that_one(tmp_path: Path) -> None:
     """Found from outside: on_delivery_attempt was pointed at on_delivery_outcome, the nearest
     spelling, where the hook called before each attempt is before_delivery."""
-    with caplog.at_level(logging.WARNING):
-        _policy(tmp_path, "def on_delivery_attempt(delivery):\n    pass\n")
-    assert "on_delivery_attempt is not a hook name and is never called (did you mean before_delivery?)" in caplog.text
+    (said,) = _policy(tmp_path, "def on_delivery_attempt(delivery):\n    pass\n").warnings
+    assert "on_delivery_attempt is not a hook name and is never called (did you mean before_delivery?)" in said
 
 
 @pytest.mark.parametrize("mode", ["inline", "async", "thread"])
