@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import dns
 import pytest
 
 from tests.integration.test_cli import pigeon_cli
@@ -222,5 +223,40 @@ def test_serve_check_says_every_warning_the_start_of_the_same_config_says(tmp_pa
         line.partition(" WARNING ")[2].partition(": ")[2]
         for line in said.splitlines()
         if " main WARNING " in line and not any(word in line for word in environment)
+    ]
+    assert started == checked, said
+
+
+def test_serve_check_says_the_policy_modules_warnings_as_warnings_and_the_start_says_the_same(
+    tmp_path: Path,
+) -> None:
+    """Found from outside: a misspelt hook (`on_mesage`) and a module beside the policy that
+    `import` cannot reach (a dns.py) were printed by --check bare, without the `pigeon: warning:`
+    every other warning has; and `On_Connect`, in the wrong case, was said nothing of."""
+    root = tmp_path / "node"
+    root.mkdir()
+    (root / "mypolicy.py").write_text(
+        "def on_mesage(message):\n    pass\ndef On_Connect(connection):\n    pass\n"
+        "def on_connect(connection):\n    pass\n"
+    )
+    (root / "dns.py").write_text("raise SystemExit('not imported')\n")
+    pigeon = PigeonProcess(root, policy={"module": "mypolicy"})
+    checked = _check_warnings(pigeon.config_path)
+    hooks = "the hooks are on_connect, on_mail_from, on_rcpt_to, on_message, before_delivery, on_delivery_outcome"
+    module = root / "mypolicy.py"
+    policy = [warning for warning in checked if warning.startswith("policy ")]
+    assert policy == [
+        f"policy {module}: {root / 'dns.py'} is not what `import dns` imports: {dns.__file__} is (Python's modules "
+        "and those installed come first); a module of the policy's own needs a name of its own",
+        f"policy {module}: On_Connect is not a hook name and is never called (did you mean on_connect?); {hooks}",
+        f"policy {module}: on_mesage is not a hook name and is never called (did you mean on_message?); {hooks}",
+    ]
+    assert checked[-3:] == policy  # after the configuration's, as a start says them
+    with pigeon:
+        said = pigeon.stderr()
+    started = [
+        line.partition(" WARNING ")[2].partition(": ")[2]
+        for line in said.splitlines()
+        if " main WARNING " in line and "running as root" not in line and "open files" not in line
     ]
     assert started == checked, said

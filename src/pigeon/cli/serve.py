@@ -205,8 +205,8 @@ def _check(args: argparse.Namespace) -> int:
     """`--check`: what a start checks before it takes anything (the whole configuration, the
     files it names, `[node] user`'s reach of the interpreter, the policy module's import), said,
     and nothing started: no lock, no listener, no spool. Every warning a start says of the
-    configuration is said too (`config_warnings`). Exit 0 (warnings or none), or 2 with the
-    error, as a start refused for it would."""
+    configuration is said too (`config_warnings`), and of the policy module (`Policy.warnings`).
+    Exit 0 (warnings or none), or 2 with the error, as a start refused for it would."""
     from pigeon.node.config_warnings import config_warnings
     from pigeon.node.exposure import Exposure
     from pigeon.policy.hooks import Policy, PolicyLoadError
@@ -221,15 +221,19 @@ def _check(args: argparse.Namespace) -> int:
     if problem is not None:  # (a start exits 1 on it; the check's errors are all 2)
         print(f"pigeon: cannot start: {problem}", file=sys.stderr)
         return 2
+    policy_warnings: tuple[str, ...] = ()
     if config.policy.module is not None:
         try:
-            Policy.from_config(config.policy, config_path=args.config).close()
+            policy = Policy.from_config(config.policy, config_path=args.config)
         except PolicyLoadError as error:
             print(f"pigeon: configuration error: {redact(str(error))}", file=sys.stderr)
             return 2
+        policy.close()
+        policy_warnings = policy.warnings
     # Files others may read, judged as for the user the node will run as (its groups).
     exposure = Exposure(groups_of(config.node))
-    for warning in config_warnings(config, args.config, exposure, start=True):
+    # In the order a start says them: the module's once it is loaded, after the configuration's.
+    for warning in [*config_warnings(config, args.config, exposure, start=True), *policy_warnings]:
         print(f"pigeon: warning: {warning}", file=sys.stderr)
     print(f"{args.config if args.config is not None else 'the defaults (no -c)'}: ok")
     return 0

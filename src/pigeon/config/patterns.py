@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Final
 
 from pigeon.queue.names import PART_PATTERN, part_refused, printable_beyond_ascii, queue_glob_refused
-from pigeon.smtp.address import a_label
+from pigeon.smtp.address import a_label, canonical_literal
 
 _METAS: Final = frozenset("*?")
 _NAME_PUNCTUATION: Final = frozenset("-_")
@@ -92,6 +92,23 @@ def domain_glob(pattern: str) -> str:
     text = _outer(pattern).lower()
     if "@" in text:
         raise PatternError('holds \'@\': a domain glob matches a domain alone, like "example.com" or "*.example.com"')
+    return _host(text)
+
+
+def domain_name(name: str) -> str:
+    """A domain name to route mail by as if its recipients were there (a policy's `Changes(route=...)`
+    and `Reroute`), read as a `[[route]] domain` is (`domain_glob`: lower-cased, without a final
+    dot, each label that is not ASCII as its A-label) and refused for what no domain holds (an
+    empty label, one over 63 characters, a name over 253), and for a glob's `*`, `?`, `[`: it
+    names one domain. Or an address literal ("[192.0.2.1]"), as a recipient's domain may be one:
+    the mail then goes to that host. Raises PatternError."""
+    if name.startswith("[") and canonical_literal(name) is not None:
+        return a_label(name)
+    text = _outer(name).lower()
+    if any(char in _METAS or char == "[" for char in text):
+        raise PatternError(
+            "holds '*', '?' or '[': a route is one domain name, not a glob (or an address literal, like [192.0.2.1])"
+        )
     return _host(text)
 
 

@@ -8,7 +8,8 @@ Each is said, not refused: the node starts with it (a firewall may stand in fron
 What the start's environment alone decides is not here: who starts it (as root without
 `[node] user`: `pigeon.node.privileges`), its open files limit (`pigeon.node.descriptors`), a
 `[[source]]` address gone since the node's first start (every worker, `config.load.unbindable_sources`),
-the policy module's misspelt hook names (said where it is loaded).
+the policy module's (misspelt hook names, modules beside it that `import` cannot reach: its
+`Policy.warnings`, said where it is loaded, the same way as these).
 """
 
 from __future__ import annotations

@@ -196,11 +196,14 @@ class Node:
         # Said by each worker: one started again (its sources are the node's start's) may be
         # the only one to find an address gone since.
         _warn_unbindable_sources(config)
-        # Every worker loads the module; one warns about misspelt hook names (`load()`).
+        # Every worker loads the module; one warns about misspelt hook names (`prepare()`), as
+        # of the configuration above (`serve --check` says them too).
         with signals.stoppable():  # its import may take long: a stop meanwhile stops the node
             self.policy = Policy.from_config(
                 config.policy, self.log, warn=self.worker == 0, config_path=self.config_path
             )
+        for warning in self.policy.warnings:
+            _log.warning("%s", warning)
         if config.policy.module is not None:
             _log.info("policy %s: hooks %s", config.policy.module, ", ".join(self.policy.defined()) or "none")
         self.intake = intake = Intake(
@@ -620,6 +623,8 @@ class Node:
         else:
             hooks, kept = self.policy.take(read.policy), ""
             self._reload_problem = None
+            for warning in read.policy.warnings:  # (worker 0's: `_read_for_reload`)
+                _log.warning("%s", warning)
         self.smtp.tls_context = tls_context
         self.smtp.set_passwords(passwords)  # (open sessions whose user is gone or changed lose their AUTH)
         self.smtp.session_config = replace(

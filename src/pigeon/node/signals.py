@@ -54,7 +54,8 @@ _log = logging.getLogger(__name__)
 
 class Stopped(BaseException):
     """SIGTERM or SIGINT came during a `stoppable` block. A BaseException, as KeyboardInterrupt
-    is: the policy module's import turns every Exception into a load error (exit 2)."""
+    is: not for a bare `except Exception` to take. The policy module's import turns whatever the
+    module raises into a load error (exit 2), but this, raised by the handler: a stop goes on."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from pigeon.config.patterns import PatternError, domain_name
 from pigeon.queue.names import campaign_problem, queue_name_problem, queue_part_problem
 from pigeon.smtp import address
 
@@ -39,6 +40,13 @@ _WORD: Final = re.compile(r"([ \t]*)([^ \t]+)")  # a word and the white space be
 def _shown(value: object) -> str:
     text = repr(value)
     return text if len(text) <= _SHOWN else text[:_SHOWN] + "..."
+
+
+def _str(value: object, what: str) -> None:
+    """Raise TypeError naming the field if `value` is no str: not left to fail in code the hook's
+    author never saw (`argument of type 'int' is not iterable`)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, not {type(value).__name__} {_shown(value)}")
 
 
 def _one_line(value: str, what: str) -> None:
@@ -125,12 +133,15 @@ class Refuse:
             raise ValueError(
                 f"a refusal's code is 400 to 599, its second digit 0 to 5 (RFC 5321 4.2.1), not {_shown(self.code)}"
             )
+        _str(self.text, "Refuse text")
         _one_line(self.text, "a refusal's text")
-        if not isinstance(self.text, str) or not _REPLY_TEXT.fullmatch(self.text):
+        if not _REPLY_TEXT.fullmatch(self.text):
             raise ValueError(
                 f"a refusal's text must be printable ASCII (RFC 5321 4.2: a client that did not ask for SMTPUTF8 "
                 f"cannot take UTF-8 in a reply), not {_shown(self.text)}"
             )
+        if self.enhanced is not None:
+            _str(self.enhanced, "Refuse enhanced")
         if self.enhanced is not None and (
             not _ENHANCED.fullmatch(self.enhanced) or self.enhanced[0] != str(self.code)[0]
         ):
@@ -156,7 +167,9 @@ class Changes:
       1 to 255 printable characters, no white space, no `->`, not starting `inbound:`;
       another is refused as it is made (the hook fails: 451 4.3.0 and a PolicyFailure).
     * `route`: route as if the recipients were in this domain ([[route]] tables and MX
-      lookup apply to it); "" routes by the recipients' domain.
+      lookup apply to it); "" routes by the recipients' domain. A domain name, checked as a
+      `[[route]] domain` is (`pigeon.config.patterns.domain_name`), or an address literal;
+      another is refused as it is made (the hook fails).
     * `egress_pool`: the egress pool to send from (kept with the message); "" names none:
       its `[[queue]]`'s pool, else `[delivery] pool`, as for None.
     * `dkim`: names of the `[[dkim]]` signers to sign with; an empty list: do not sign.
@@ -207,10 +220,10 @@ class Changes:
         # 451 4.3.0 and a PolicyFailure, rather than a name that breaks its queue or its logs.
         if self.queue is not None and (problem := queue_name_problem(self.queue)) is not None:
             raise ValueError(f"queue {_shown(self.queue)}: {problem}")
-        for what in ("route", "egress_pool"):
-            value = getattr(self, what)
-            if value is not None and any(c.isspace() for c in value):
-                raise ValueError(f"{what} {value!r} must not hold white space")
+        if self.route:  # ("": by the recipients' own domains)
+            _route_problem(self.route, "route")
+        if self.egress_pool is not None and any(c.isspace() for c in self.egress_pool):
+            raise ValueError(f"egress_pool {self.egress_pool!r} must not hold white space")
         if isinstance(self.dkim, str):
             raise ValueError("dkim is a list of signer names, e.g. dkim=['example.org'], not a string")
         for name, value in self.add_headers:
@@ -248,6 +261,16 @@ class Changes:
             raise TypeError(f"remove_headers must be a list of header names (str), not {self.remove_headers!r:.80}")
 
 
+def _route_problem(route: str, what: str) -> None:
+    """Raise ValueError if `route` is no domain name, as a `[[route]] domain` is checked
+    (`domain_name`): found from outside, `route="a..b"` was taken with 250, then failed its
+    MX lookup at every retry until max_age."""
+    try:
+        domain_name(route)
+    except PatternError as error:
+        raise ValueError(f"{what} {_shown(route)} {error}") from None
+
+
 def _sequence(value: object) -> bool:
     return isinstance(value, (list, tuple))
 
@@ -267,7 +290,14 @@ class Defer:
     delay: float | None = None
 
     def __post_init__(self) -> None:
+        _str(self.reason, "Defer reason")
         _one_line(self.reason, "a deferral's reason")
+        if self.delay is not None and (not isinstance(self.delay, (int, float)) or isinstance(self.delay, bool)):
+            # (found from outside: `delay="soon"` said "'>=' not supported between 'str' and 'int'")
+            raise TypeError(
+                f"Defer delay must be seconds (an int or a float) or None, not {type(self.delay).__name__} "
+                f"{_shown(self.delay)}"
+            )
         if self.delay is not None and not self.delay >= 0:
             raise ValueError(f"delay is seconds, 0 or more, not {self.delay!r}")
 
@@ -282,6 +312,7 @@ class Fail:
     enhanced: str = "5.7.1"
 
     def __post_init__(self) -> None:
+        _str(self.reason, "Fail reason")
         _one_line(self.reason, "a failure's reason")
         if (
             not isinstance(self.code, int)
@@ -303,13 +334,19 @@ class Reroute:
     `domain` ("" for their own domain again), at once, as an operator's rebind would: no
     attempt is counted, nothing is logged. Rerouting to where it is already routed sends it.
     Mail of an `[[inbound]]` route is not rerouted (a rebind leaves it alone too): it goes to
-    its target, and a warning says the answer was not carried out."""
+    its target, and a warning says the answer was not carried out. `domain` is checked as
+    `Changes.route` is: one that is no domain name is refused as it is made (the hook fails)."""
 
     domain: str
 
     def __post_init__(self) -> None:
-        if any(c.isspace() for c in self.domain):
-            raise ValueError(f"route domain {self.domain!r} must not hold white space")
+        if not isinstance(self.domain, str):
+            raise TypeError(
+                f'Reroute domain must be a str (a domain name, or "" for the recipients\' own), '
+                f"not {type(self.domain).__name__} {_shown(self.domain)}"
+            )
+        if self.domain:
+            _route_problem(self.domain, "Reroute domain")
 
 
 @dataclass(frozen=True, slots=True)

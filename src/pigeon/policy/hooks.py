@@ -40,16 +40,19 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import difflib
 import importlib
 import importlib.util
 import inspect
 import itertools
 import logging
+import signal
 import sys
+import threading
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, ModuleType
@@ -85,6 +88,7 @@ _ANSWERS: Final[dict[str, tuple[type, ...]]] = {
     "before_delivery": (Defer, Fail, Reroute),
     "on_delivery_outcome": (Reclassify,),
 }
+_HOOK_PREFIXES: Final = ("on_", "before_", "after_")  # (in lower case) of a name meant for a hook
 _ACTIONS: Final = {"before_delivery": "deferred", "on_delivery_outcome": "kept"}  # others: the reply
 POLICY_ERROR: Final = Reply(451, "4.3.0", ("policy error; try again later",))
 POLICY_TIMEOUT: Final = Reply(451, "4.3.0", ("policy check timed out; try again later",))
@@ -114,6 +118,7 @@ class PolicyModule:
     spec: str | None
     sync: Literal["inline", "thread"]
     runner: _Runner
+    warnings: tuple[str, ...] = ()  # what to say of the module (`Policy.prepare`'s `warn`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,6 +388,7 @@ class Policy:
         "on_rcpt_to",
         "spec",
         "sync",
+        "warnings",
     )
 
     def __init__(
@@ -401,6 +407,7 @@ class Policy:
         self._directory = directory
         self.sync = sync
         self.module: ModuleType | None = None
+        self.warnings: tuple[str, ...] = ()  # the module's (`prepare`), for the caller to say
         self._runner = _Runner(timeout, threads if sync == "thread" else None, log)
         self.on_connect: Hook[Refuse] | None = None
         self.on_mail_from: Hook[Refuse] | None = None
@@ -425,8 +432,11 @@ class Policy:
         outside, a `[policy]` section added to a running node was said to wait for one, while
         an edit of the module's code did not). Its module None: no policy (every hook None).
 
-        `warn`: log a warning for each function named like a hook that is none (`on_mesage`).
-        Every process of a node loads the module: only one of them should say so."""
+        `warn`: find what to warn of (its `warnings`): each function named like a hook that is
+        none (`on_mesage`, `On_Connect`), each module beside it that its `import` cannot reach.
+        They are said by the caller, as the configuration's warnings are (logged by the node,
+        `pigeon: warning: ...` by `serve --check`), and by one process of a node only: every
+        process loads the module."""
         spec, sync, runner = self.spec, self.sync, self._runner
         if config is not None:
             spec, sync = config.module, config.sync
@@ -437,16 +447,13 @@ class Policy:
             none: dict[str, Hook[Any] | None] = dict.fromkeys(HOOKS)
             return PolicyModule(None, none, None, sync, runner)
         module = _import(spec, self._directory)
+        warnings: list[str] = []
         beside = _beside(spec, self._directory) if warn else None
         for entry, elsewhere in shadowed(*beside) if beside is not None else ():
             # (a script of the operator's there, a DNS server called dns.py, is not run either)
-            _log.warning(
-                "policy %s: %s is not what `import %s` imports: %s is (Python's modules and those installed "
-                "come first); a module of the policy's own needs a name of its own",
-                spec,
-                entry,
-                entry.stem,
-                elsewhere,
+            warnings.append(
+                f"policy {spec}: {entry} is not what `import {entry.stem}` imports: {elsewhere} is (Python's "
+                "modules and those installed come first); a module of the policy's own needs a name of its own"
             )
         hooks: dict[str, Hook[Any] | None] = {}
         for name in HOOKS:
@@ -462,17 +469,17 @@ class Policy:
             mode: Literal["inline", "async", "thread"] = "async" if inspect.iscoroutinefunction(function) else sync
             hooks[name] = Hook(name, function, mode, runner)
         for name in dir(module) if warn else ():
-            if name.startswith(("on_", "before_", "after_")) and name not in HOOKS and callable(getattr(module, name)):
-                close = [_MEANT[name]] if name in _MEANT else difflib.get_close_matches(name, HOOKS, n=1)
+            # In any case: a hook is looked up by its exact name (found from outside: On_Connect, never
+            # called, was said nothing of).
+            lowered = name.lower()
+            if lowered.startswith(_HOOK_PREFIXES) and name not in HOOKS and callable(getattr(module, name)):
+                close = [_MEANT[lowered]] if lowered in _MEANT else difflib.get_close_matches(lowered, HOOKS, n=1)
                 hint = f" (did you mean {close[0]}?)" if close else ""
-                _log.warning(
-                    "policy %s: %s is not a hook name and is never called%s; the hooks are %s",
-                    spec,
-                    name,
-                    hint,
-                    ", ".join(HOOKS),
+                warnings.append(
+                    f"policy {spec}: {name} is not a hook name and is never called{hint}; "
+                    f"the hooks are {', '.join(HOOKS)}"
                 )
-        return PolicyModule(module, hooks, spec, sync, runner)
+        return PolicyModule(module, hooks, spec, sync, runner, tuple(warnings))
 
     def take(self, prepared: PolicyModule) -> list[str]:
         """The hooks `prepare` found, from now on (on the loop): a new connection or attempt
@@ -486,6 +493,7 @@ class Policy:
             sys.modules[module.__name__] = module  # dataclasses and pickling look their module up there
         self.module = module
         self.spec, self.sync = prepared.spec, prepared.sync
+        self.warnings = prepared.warnings
         if prepared.runner is not self._runner:
             # Calls already handed to the old threads still run (and are waited for as they were).
             replaced, self._runner = self._runner, prepared.runner
@@ -503,8 +511,8 @@ class Policy:
     def from_config(
         cls, config: PolicyConfig, log: LogWriter | None = None, *, warn: bool = True, config_path: Path | None = None
     ) -> Policy:
-        """The policy `[policy]` describes, loaded (`warn`: see `load()`); `config_path`: the
-        file it is from (None: its defaults). Raises `PolicyLoadError`."""
+        """The policy `[policy]` describes, loaded (`warn`: see `prepare()`; its `warnings` then
+        say them); `config_path`: the file it is from (None: its defaults). Raises `PolicyLoadError`."""
         directory = None if config_path is None else config_path.absolute().parent
         threads = config.threads
         policy = cls(
@@ -550,48 +558,92 @@ def _import(spec: str, directory: Path | None = None) -> ModuleType:
     The new module is in `sys.modules` only while it runs (its own imports, dataclasses and
     pickling look it up there), then what was there before is put back: `Policy.take` names
     it there once it is in force. Only the module itself runs again: modules it imports
-    stay as they were imported the first time."""
+    stay as they were imported the first time.
+
+    Whatever the module raises is its failure to load (`PolicyLoadError`), a BaseException too:
+    a `sys.exit()` at its top level, a KeyboardInterrupt it raises itself (found from outside:
+    either stopped the node at a SIGHUP, or ended a start with a bare traceback). Not what a
+    signal's handler raises meanwhile in the main thread, which is a stop of the process (a
+    Ctrl-C, the node's `Stopped`): that goes on (`_stops_noted`). A reload imports in a thread
+    of its own, where no handler runs: all it meets is the module's."""
+    stops: list[int] = []
     try:
-        if spec.endswith(".py") or "/" in spec:
-            path = Path(spec)
-            if not path.is_file():
-                raise PolicyLoadError(f"policy module {spec}: no such file")
-            _on_path(path.absolute().parent)
-            found = importlib.util.spec_from_file_location(f"pigeon_policy_{next(_file_modules)}", path)
-        else:
-            first = spec.partition(".")[0]
-            # (only when it is there: a file beside the config, a json.py say, must not stand in
-            # for a module of that name everywhere in the process)
-            if directory is not None and ((directory / first).is_dir() or (directory / f"{first}.py").is_file()):
-                _on_path(directory)
-                importlib.invalidate_caches()  # a module file made since the last look is found
-                if (elsewhere := _found_elsewhere(first, directory)) is not None:
-                    raise PolicyLoadError(
-                        f"policy module {spec}: `import {first}` imports {elsewhere}, not what is beside the "
-                        f"config file in {directory}: give it a name of its own"
-                    )
-            importlib.invalidate_caches()  # a module file made since the last look is found
-            found = importlib.util.find_spec(spec)
-            if found is None:
-                raise ModuleNotFoundError(f"No module named {spec!r}", name=spec)
-        if found is None or found.loader is None:
-            raise PolicyLoadError(f"policy module {spec}: cannot be loaded as Python")
-        module = importlib.util.module_from_spec(found)
-        name = module.__name__
-        before = sys.modules.get(name)
-        sys.modules[name] = module
-        try:
-            found.loader.exec_module(module)
-        finally:
-            if before is not None:
-                sys.modules[name] = before
-            else:
-                sys.modules.pop(name, None)
-        return module
+        with _stops_noted(stops):
+            return _imported(spec, directory)
     except PolicyLoadError:
         raise
-    except Exception as error:
+    except BaseException as error:
+        if stops:
+            raise
         raise PolicyLoadError(f"policy module {spec} cannot be loaded: {_load_failure(error)}") from _from_module(error)
+
+
+@contextlib.contextmanager
+def _stops_noted(stops: list[int]) -> Iterator[None]:
+    """Each SIGINT or SIGTERM whose handler runs during the block noted in `stops`, the handler
+    then run as before: what it raises (KeyboardInterrupt, `Stopped`) is then told from the same
+    exception raised by the module. Only in the main thread, where Python runs handlers, and
+    only for a handler of Python's (the default of SIGTERM ends the process with no exception)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noting: dict[signal.Signals, tuple[Callable[..., Any], Callable[..., Any]]] = {}  # ours, and the one before
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(signum)
+        if callable(handler):
+
+            def noted(number: int, frame: FrameType | None, handler: Callable[..., Any] = handler) -> Any:
+                stops.append(number)
+                return handler(number, frame)
+
+            noting[signum] = (noted, handler)
+            signal.signal(signum, noted)
+    try:
+        yield
+    finally:
+        for signum, (noted, handler) in noting.items():
+            if signal.getsignal(signum) is noted:  # (a module that set its own handler keeps it)
+                signal.signal(signum, handler)
+
+
+def _imported(spec: str, directory: Path | None) -> ModuleType:
+    """`_import`'s import, raising what the module or the import machinery raised."""
+    if spec.endswith(".py") or "/" in spec:
+        path = Path(spec)
+        if not path.is_file():
+            raise PolicyLoadError(f"policy module {spec}: no such file")
+        _on_path(path.absolute().parent)
+        found = importlib.util.spec_from_file_location(f"pigeon_policy_{next(_file_modules)}", path)
+    else:
+        first = spec.partition(".")[0]
+        # (only when it is there: a file beside the config, a json.py say, must not stand in
+        # for a module of that name everywhere in the process)
+        if directory is not None and ((directory / first).is_dir() or (directory / f"{first}.py").is_file()):
+            _on_path(directory)
+            importlib.invalidate_caches()  # a module file made since the last look is found
+            if (elsewhere := _found_elsewhere(first, directory)) is not None:
+                raise PolicyLoadError(
+                    f"policy module {spec}: `import {first}` imports {elsewhere}, not what is beside the "
+                    f"config file in {directory}: give it a name of its own"
+                )
+        importlib.invalidate_caches()  # a module file made since the last look is found
+        found = importlib.util.find_spec(spec)
+        if found is None:
+            raise ModuleNotFoundError(f"No module named {spec!r}", name=spec)
+    if found is None or found.loader is None:
+        raise PolicyLoadError(f"policy module {spec}: cannot be loaded as Python")
+    module = importlib.util.module_from_spec(found)
+    name = module.__name__
+    before = sys.modules.get(name)
+    sys.modules[name] = module
+    try:
+        found.loader.exec_module(module)
+    finally:
+        if before is not None:
+            sys.modules[name] = before
+        else:
+            sys.modules.pop(name, None)
+    return module
 
 
 def _load_failure(error: BaseException) -> str:
@@ -608,7 +660,7 @@ def _load_failure(error: BaseException) -> str:
     return where + " ".join("".join(traceback.format_exception_only(error)).split())
 
 
-def _from_module(error: Exception) -> Exception | None:
+def _from_module(error: BaseException) -> BaseException | None:
     """`error` with its traceback starting at the first frame that is not Pigeon's or importlib's
     (the policy module's), for a log that shows it (`exc_info`): how `import` got there says
     nothing. A SyntaxError keeps none: its own lines say where (file, line, a caret). None: no

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import signal
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType
 
@@ -14,7 +16,8 @@ import pytest
 
 from pigeon.config.schema import PolicyConfig, PositiveDuration
 from pigeon.logs.records import PolicyFailure
-from pigeon.policy import Changes, Fail, Headers, Reclassify, Refuse
+from pigeon.node import signals
+from pigeon.policy import Changes, Defer, Fail, Headers, Reclassify, Refuse, Reroute
 from pigeon.policy.answers import folded_field
 from pigeon.policy.hooks import (
     POLICY_ERROR,
@@ -50,12 +53,30 @@ def test_no_module_means_no_hooks() -> None:
     assert policy.load() == [] and policy.defined() == []
 
 
-def test_a_misspelt_hook_name_is_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING):
-        _policy(tmp_path, "def on_mail(mail):\n    pass\n")
-    assert "on_mail is not a hook name and is never called (did you mean on_mail_from?)" in caplog.text
+def test_a_misspelt_hook_name_is_warned_about(tmp_path: Path) -> None:
+    """Said by the caller (`Policy.warnings`), as the configuration's warnings are: `serve
+    --check` prints them as `pigeon: warning: ...`, the node logs them."""
+    policy = _policy(tmp_path, "def on_mail(mail):\n    pass\n")
     hooks = "on_connect, on_mail_from, on_rcpt_to, on_message, before_delivery, on_delivery_outcome"
-    assert f"the hooks are {hooks}" in caplog.text
+    assert policy.warnings == (
+        f"policy {tmp_path / 'policy.py'}: on_mail is not a hook name and is never called (did you mean "
+        f"on_mail_from?); the hooks are {hooks}",
+    )
+    assert _policy(tmp_path, "def on_mail_from(mail):\n    pass\n").warnings == ()
+
+
+def test_a_hook_name_in_the_wrong_case_is_warned_about(tmp_path: Path) -> None:
+    # Found from outside: On_Connect, never called (a hook is looked up by its exact name), was said nothing of.
+    policy = _policy(
+        tmp_path, "def On_Connect(c):\n    pass\ndef BEFORE_DELIVERY(d):\n    pass\ndef On_Data(m):\n    pass\n"
+    )
+    said = [warning.partition(": ")[2].partition(";")[0] for warning in policy.warnings]
+    assert said == [
+        "BEFORE_DELIVERY is not a hook name and is never called (did you mean before_delivery?)",
+        "On_Connect is not a hook name and is never called (did you mean on_connect?)",
+        "On_Data is not a hook name and is never called (did you mean on_message?)",
+    ]
+    assert Policy(str(tmp_path / "policy.py")).prepare(warn=False).warnings == ()
 
 
 def test_a_hook_that_cannot_take_its_one_argument_is_refused_at_load(tmp_path: Path) -> None:
@@ -79,6 +100,42 @@ def test_a_module_that_cannot_be_imported_is_refused_with_its_reason(tmp_path: P
         _policy(tmp_path, "on_connect = 42\n")
     with pytest.raises(PolicyLoadError, match="no such file"):
         Policy(str(tmp_path / "missing.py")).load()
+
+
+@pytest.mark.parametrize(
+    ("raised", "said"),
+    [
+        ("import sys\nsys.exit(0)", "SystemExit: 0"),
+        ("raise SystemExit('policy wants out')", "SystemExit: policy wants out"),
+        ("raise KeyboardInterrupt", "KeyboardInterrupt"),
+        ("raise GeneratorExit", "GeneratorExit"),
+        ("raise BaseException('bare')", "BaseException: bare"),
+    ],
+)
+def test_a_module_that_raises_a_base_exception_at_import_cannot_be_loaded(
+    tmp_path: Path, raised: str, said: str
+) -> None:
+    # Its failure, as a SyntaxError is (found from outside: a sys.exit(0) stopped the node at a SIGHUP).
+    with pytest.raises(PolicyLoadError, match=rf"policy\.py:\d: {re.escape(said)}$") as failed:
+        _policy(tmp_path, f"def on_connect(c):\n    pass\n{raised}\n")
+    assert failed.value.__cause__ is not None and failed.value.__cause__.__traceback__ is not None
+    assert failed.value.__cause__.__traceback__.tb_frame.f_code.co_filename == str(tmp_path / "policy.py")
+
+
+def test_a_ctrl_c_during_the_import_is_a_stop_not_the_modules_failure(tmp_path: Path) -> None:
+    """A KeyboardInterrupt a real SIGINT raises in the main thread (`serve --check`, whose SIGINT
+    is Python's default) goes on; the node's own stop (`signals.stoppable`) too, as `Stopped`."""
+    source = "import os, signal, time\nos.kill(os.getpid(), signal.{signal})\ntime.sleep(5)\n"
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _policy(tmp_path, source.format(signal="SIGINT"))
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back as it was
+        for stop in ("SIGINT", "SIGTERM"):
+            with pytest.raises(signals.Stopped, match=stop), signals.stoppable():
+                _policy(tmp_path, source.format(signal=stop))
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_a_failed_reload_keeps_the_hooks_it_had(tmp_path: Path) -> None:
@@ -144,7 +201,7 @@ def test_a_dotted_name_from_elsewhere_does_not_put_the_config_directory_on_sys_p
 
 
 def test_modules_beside_the_policy_named_like_others_are_not_imported_and_are_named(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Python's modules and those installed come before the policy's own: a json.py or a json/
     beside it stands in for nothing, and is said to be unreachable; a dotted policy in such a
@@ -156,10 +213,11 @@ def test_modules_beside_the_policy_named_like_others_are_not_imported_and_are_na
         "import json, pigeon_test_own_helpers\n\ndef on_connect(c):\n    return None\n"
         "assert pigeon_test_own_helpers.ANSWER == 42 and json.dumps([]) == '[]'\n"
     )
-    with caplog.at_level(logging.WARNING):
-        assert Policy(str(tmp_path / "policy.py")).load() == ["on_connect"]
-    assert f"{tmp_path / 'json.py'} is not what `import json` imports" in caplog.text
-    assert "pigeon_test_own_helpers" not in caplog.text  # a name of its own: imported from there
+    policy = Policy(str(tmp_path / "policy.py"))
+    assert policy.load() == ["on_connect"]
+    (said,) = policy.warnings
+    assert f"{tmp_path / 'json.py'} is not what `import json` imports" in said
+    assert "pigeon_test_own_helpers" not in said  # a name of its own: imported from there
     (tmp_path / "json.py").unlink()
     (tmp_path / "json").mkdir()
     (tmp_path / "json" / "__init__.py").write_text("")
@@ -282,6 +340,53 @@ def test_answers_refuse_what_cannot_be_said() -> None:
 def test_changes_of_the_wrong_type_are_refused_naming_the_field(changes: dict[str, object], says: str) -> None:
     with pytest.raises(TypeError, match=re.escape(says)):
         Changes(**changes)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("answer", "says"),
+    [
+        (lambda: Defer(delay="soon"), "Defer delay must be seconds (an int or a float) or None, not str 'soon'"),
+        (lambda: Defer(delay=True), "Defer delay must be seconds (an int or a float) or None, not bool True"),
+        (lambda: Defer(reason=5), "Defer reason must be a str, not int 5"),
+        (lambda: Fail(reason=None), "Fail reason must be a str, not NoneType None"),
+        (lambda: Refuse(550, text=b"no"), "Refuse text must be a str, not bytes b'no'"),
+        (lambda: Refuse(550, enhanced=571), "Refuse enhanced must be a str, not int 571"),
+        (lambda: Reroute(None), 'Reroute domain must be a str (a domain name, or "" for the recipients\' own), not '),
+        (lambda: Reroute(5), 'Reroute domain must be a str (a domain name, or "" for the recipients\' own), not int 5'),
+    ],
+)
+def test_answers_of_the_wrong_type_are_refused_naming_the_field(answer: Callable[[], object], says: str) -> None:
+    """Found from outside: `Defer(delay="soon")` said `'>=' not supported between instances of
+    'str' and 'int'`, `Reroute(None)` `'NoneType' object is not iterable`."""
+    with pytest.raises(TypeError, match=f"^{re.escape(says)}"):
+        answer()
+
+
+@pytest.mark.parametrize(
+    ("route", "says"),
+    [
+        ("a..b", "has an empty label (a dot at the start, or two in a row, as in 'a..b')"),
+        (".", "has an empty label"),
+        ("x" * 64 + ".test", "has a label of 64 characters; a host name's are at most 63"),
+        ("a." * 150 + "test", "is 304 characters long; a host name is at most 253"),
+        ("*.example.net", "holds '*', '?' or '[': a route is one domain name, not a glob"),
+        ("[999.1.1.1]", "holds '*', '?' or '['"),
+        ("relay@example.net", "holds '@', which no host name holds"),
+        ("relay .test", "holds white space"),
+    ],
+)
+def test_a_route_that_is_no_domain_name_is_refused_as_a_route_domain_is(route: str, says: str) -> None:
+    with pytest.raises(ValueError, match=f"^route {re.escape(repr(route)[:40])}.* {re.escape(says)}"):
+        Changes(route=route)
+    with pytest.raises(ValueError, match=f"^Reroute domain {re.escape(repr(route)[:40])}.* {re.escape(says)}"):
+        Reroute(route)
+
+
+@pytest.mark.parametrize(
+    "route", ["", "relay.test", "Relay.Test.", "bücher.example", "[192.0.2.1]", "[IPv6:2001:db8::1]"]
+)
+def test_a_route_that_is_a_domain_name_or_an_address_literal_is_taken(route: str) -> None:
+    assert Changes(route=route).route == Reroute(route).domain == route
 
 
 @pytest.mark.parametrize(
@@ -503,14 +608,11 @@ async def test_a_hook_tasks_coroutine_closed_from_outside_is_not_the_hooks_failu
     assert _raised_by_hook(SystemExit(), loop, running)
 
 
-def test_a_hook_named_for_what_another_does_is_pointed_at_that_one(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_a_hook_named_for_what_another_does_is_pointed_at_that_one(tmp_path: Path) -> None:
     """Found from outside: on_delivery_attempt was pointed at on_delivery_outcome, the nearest
     spelling, where the hook called before each attempt is before_delivery."""
-    with caplog.at_level(logging.WARNING):
-        _policy(tmp_path, "def on_delivery_attempt(delivery):\n    pass\n")
-    assert "on_delivery_attempt is not a hook name and is never called (did you mean before_delivery?)" in caplog.text
+    (said,) = _policy(tmp_path, "def on_delivery_attempt(delivery):\n    pass\n").warnings
+    assert "on_delivery_attempt is not a hook name and is never called (did you mean before_delivery?)" in said
 
 
 @pytest.mark.parametrize("mode", ["inline", "async", "thread"])
