@@ -254,6 +254,13 @@ def test_what_a_rule_came_through_is_set_by_the_node_not_the_client(node: tuple[
         ("/api/v1/admin/suspend", {"site": "[::1"}, "$.site", "'[' set that is not closed"),
         ("/api/v1/admin/rebind", {"domain": "example.net", "routing_domain": "Ok2@Test"}, "$.routing_domain", "not a"),
         ("/api/v1/admin/rebind", {"domain": "example.net", "routing_domain": "*.relay"}, "$.routing_domain", "not a"),
+        # What the pattern lets through but no domain holds (a policy's route is refused alike).
+        (
+            "/api/v1/admin/rebind",
+            {"domain": "example.net", "routing_domain": "abcd." * 60 + "test"},
+            "$.routing_domain",
+            "253",
+        ),
     ],
 )
 def test_a_selector_no_domain_or_site_can_match_is_refused(

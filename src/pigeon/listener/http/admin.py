@@ -64,7 +64,15 @@ from urllib.parse import parse_qsl
 import msgspec
 from aiohttp import web
 
-from pigeon.config.patterns import PatternError, api_pattern, closed_sets, domain_glob, queue_glob, site_glob
+from pigeon.config.patterns import (
+    PatternError,
+    api_pattern,
+    closed_sets,
+    domain_glob,
+    domain_name,
+    queue_glob,
+    site_glob,
+)
 from pigeon.config.schema import Duration, decode_hook
 from pigeon.listener.http import content, tenancy
 from pigeon.listener.http.body import read_body
@@ -832,6 +840,14 @@ def _normalise_globs(request: Selecting) -> None:
                 f'routing_domain {routing[:60]!r} is not a domain name (or "" to route by their own again)',
                 "$.routing_domain",
             )
+        if routing:
+            try:  # what no domain holds (a label over 63, a name over 253): retried until max_age else
+                domain_name(routing)
+            except PatternError as error:
+                text = (
+                    f'routing_domain {routing[:60]!r} is not a domain name: {error} (or "" to route by their own again)'
+                )
+                raise bad_request(text, "$.routing_domain") from None
         request.routing_domain = routing.lower().removesuffix(".")
 
 
