@@ -269,3 +269,55 @@ def test_a_reload_that_routes_a_dead_sites_mail_elsewhere_sends_what_waited_for_
             pigeon.cli("retry", "--domain", "tried.test")
             sink.wait_for(5, timeout=10)
             assert wait_until(lambda: pigeon.spool_messages() == [])
+
+
+_REROUTE_RETRY = "retry after a reload changed the routes"
+
+
+def _reroute_retries(pigeon: PigeonProcess) -> list[dict[str, Any]]:
+    status, progress = pigeon.http_call("GET", "/api/v1/admin/operations", token=pigeon.local_token)
+    assert status == 200, progress
+    return [row for row in progress["operations"] if row["kind"] == _REROUTE_RETRY]
+
+
+def test_a_reload_that_changes_no_route_makes_no_retry_of_a_dead_sites_mail(tmp_path: Path) -> None:
+    """Found from outside: with mail waiting for a down site's probe, every SIGHUP, even one
+    that changed nothing, logged `admin retry after a reload changed the routes: N messages
+    looked at, 0 acted on` and added that operation to `pigeon queue operations`. Only a
+    reload whose [[route]]s differ looks again at what waits; one that changed a route still
+    sends that mail at once, and the listing keeps its columns under that long kind."""
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    with ScriptedSink() as sink:
+        config = delivery_config(
+            sink.endpoint, retry_interval="1h", site_retry_interval="1m", max_site_retry_interval="10m"
+        )
+        config["route"] = [{"domain": "defer.test", "next_hop": dead, "tls": "disabled"}]
+        with PigeonProcess(tmp_path / "node", **config) as pigeon:
+            _send(pigeon, "w@defer.test")
+            pigeon.wait_stderr(f"site {dead} is down")
+            _send(pigeon, "v@defer.test")  # deferred "not tried", to the site's probe a minute on
+            pigeon.wait_records("TransientFailure", 2)
+
+            _hangup(pigeon, "reloaded:")  # the same configuration
+            _hangup(pigeon, "reloaded:")
+            time.sleep(0.5)  # (a walk would have been started with the reload, and ended by now)
+            assert _reroute_retries(pigeon) == []
+            assert "admin retry after a reload" not in pigeon.stderr()
+            assert [r for m in sink.received for r in m.recipients] == []
+
+            pigeon.config["route"][0]["next_hop"] = sink.endpoint
+            pigeon.config_path.write_text(to_toml(pigeon.config))
+            _hangup(pigeon, "reloaded:")
+            arrived = sink.wait_for(2, timeout=15)  # not at the old site's probe, a minute on
+            assert sorted(r for m in arrived for r in m.recipients) == ["v@defer.test", "w@defer.test"]
+            assert wait_until(lambda: [row["acted_on"] for row in _reroute_retries(pigeon)] == [2])
+            pigeon.wait_stderr(f"admin {_REROUTE_RETRY}: 2 messages looked at, 2 acted on")
+
+            header, *rows = pigeon.cli("queue", "operations").splitlines()
+            (row,) = [line for line in rows if _REROUTE_RETRY in line]
+            assert row.index(_REROUTE_RETRY) == header.index("kind")
+            # The counts stand under their headings, and the state under its own.
+            for heading, value in (("looked at", "2"), ("acted on", "2"), ("waited", "0")):
+                end = header.index(heading) + len(heading)
+                assert row[end - len(value) : end] == value and row[end - len(value) - 1] == " ", (header, row)
+            assert row.index("done") == header.index("state"), (header, row)

@@ -678,12 +678,16 @@ def _operations(args: argparse.Namespace) -> int:
     whole, answer = answer, printable(answer.get("answers", answer))
     # "after attempt": of those acted on, how many were being sent (acted on as far as that attempt
     # leaves them: a bounce does not undo a delivery).
-    print(f"{'operation':14} {'kind':8} {'looked at':>10} {'acted on':>10} {'after attempt':>14} {'waited':>7}  state")
+    # The kind column is as wide as the longest kind listed ("retry after a reload changed the
+    # routes"), so that the counts stay under their headings.
+    kind = max([8, *(len(str(row["kind"])) for row in answer["operations"])])
+    counted = f"{'looked at':>10} {'acted on':>10} {'after attempt':>14} {'waited':>7}"
+    print(f"{'operation':14} {'kind':{kind}} {counted}  state")
     for row in answer["operations"]:
         state = f"running on {row['running']} worker(s)" if row["running"] else f"done {_when(row['finished'])}"
         counts = f"{row['looked_at']:>10,} {row['acted_on']:>10,} {row.get('after_attempt', 0):>14,}"
         counts += f" {row.get('waited', 0):>7,}"
-        print(f"{row['operation']:14} {row['kind']:8} {counts}  {state}")
+        print(f"{row['operation']:14} {row['kind']:{kind}} {counts}  {state}")
     left_out = _show_nodes(answer, args)
     return fail(status, whole) if status >= 400 else _complete(left_out)
 

@@ -237,8 +237,12 @@ class Outbound:
         changed (next hop, TLS settings: its ready queue) is routed again, so that none rides
         a connection opened under the old route (a route that now requires TLS, say); so is
         mail of such a route deferred, untried, to the probe of a site found down: made due
-        now (`_make_due_rerouted`), not at a probe of a site it may no longer go to. A down
-        site no route leads to any more is forgotten: nothing is left to probe it."""
+        now (`_make_due_rerouted`), not at a probe of a site it may no longer go to. A reload
+        whose [[route]]s are those in force (the only routing a reload changes: `[delivery]
+        tls` and its kin stay until a restart) walks no spool for it: no such retry is logged
+        nor listed among the operations. A down site no route leads to any more is forgotten:
+        nothing is left to probe it."""
+        rerouting = routes != self.router.routes  # (equal when no route's setting, nor their order, changed)
         before = {(r.next_hop, r.auth.username): r.auth for r in self.router.routes if r.auth and r.next_hop}
         hops_before = {host_port(r.next_hop.host, r.next_hop.port) for r in self.router.routes if r.next_hop}
         health, now = self.dispatcher.health, self._clock()
@@ -264,7 +268,7 @@ class Outbound:
         for key in health.down_sites():
             if key.rpartition("->")[2] in gone and health.forget(key):  # (`source->site` for a [[source]]'s path)
                 _log.info("reload: site %s was down, and no [[route]] leads there any more: no longer probed", key)
-        if probes:
+        if probes and rerouting:
             self._make_due_rerouted(list(probes.values()), changed)
 
     def _make_due_rerouted(self, probes: list[float], changed: Callable[[str, str | None], bool]) -> None:
