@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import string
 import sys
 import urllib.parse
@@ -453,7 +454,9 @@ def _inspect(args: argparse.Namespace) -> int:
         answer["egress_pool"] = f"{answer['egress_pool']} ({chooser})"
     for key, value in answer.items():
         if key in ("created", "next_due", "held_until") and isinstance(value, int | float):
-            value = f"{_when(value)} ({value:.0f})"
+            # The date and its Unix time name the same second: the date's, cut (not rounded) to it.
+            whole = math.floor(value) if math.isfinite(value) else value
+            value = f"{_when(whole)} ({whole:.0f})"
         elif isinstance(value, list):
             value = ", ".join(map(str, value)) if value else None
         elif isinstance(value, dict):  # metadata: key=value, not a repr that escapes again
