@@ -19,6 +19,7 @@ debian_install() {
     # Postfix is installed for its smtp-source/smtp-sink tools and the benchmark's private
     # instances; "No configuration" means no system mail service is set up or started.
     echo "postfix postfix/main_mailer_type select No configuration" | debconf-set-selections
+    echo "installing Debian packages: ${missing[*]} ..." >&2
     apt-get update -qq
     # Packages such as redis-server, postgresql and dovecot-imapd start a system service when
     # installed; the tests run private instances instead, so none is started (policy-rc.d
@@ -56,7 +57,8 @@ newer() {
     return 1
 }
 if [ ! -f "$stamp" ] || newer; then
-    echo "installing Pigeon and its dependencies into .venv ..." >&2
+    # (pip is quiet, and the first install compiles for minutes: say so, or it looks hung)
+    echo "installing Pigeon and its dependencies into .venv (a few minutes the first time) ..." >&2
     if ! { .venv/bin/python -m pip install -q --upgrade pip &&
            .venv/bin/python -m pip install -q -e ".${EXTRA:+[$EXTRA]}"; } > .venv/pip.log 2>&1; then
         cat .venv/pip.log >&2
