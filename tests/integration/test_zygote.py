@@ -7,8 +7,11 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.support import zygote
 from tests.support.process import PigeonProcess
@@ -54,3 +57,15 @@ def test_a_forked_node_runs_in_its_own_session_and_reports_how_it_ended(tmp_path
         assert node.process.wait(10) == -signal.SIGKILL
     node.start()
     assert node.stop() == 0
+
+
+def test_a_forked_node_that_cannot_start_is_reported_when_it_exits_not_after_the_ready_wait(tmp_path: Path) -> None:
+    # poll() read none of the zygote's reports of exits: a node refusing its configuration was
+    # waited for as if starting (30 s), and then reported as not ready.
+    node = PigeonProcess(tmp_path / "node", delivery={"no_such_key": 1})
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="pigeon exited with 2") as refused:
+        node.start()
+    assert time.monotonic() - started < 10
+    assert "no_such_key" in str(refused.value)
+    assert isinstance(node.process, zygote.ForkedProcess)

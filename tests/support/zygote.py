@@ -163,13 +163,17 @@ class _Client:
             with self.lock:
                 if pid in self.exits:
                     return self.exits[pid]
-                remaining = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
-                if remaining < 0:
-                    return None
+                # (Read what came at least once, timeout 0 too: a poll() that only looked at
+                # what was read before never saw a node exit, and waited for it to be ready.)
+                remaining = 0.05 if deadline is None else max(0.0, min(0.05, deadline - time.monotonic()))
                 try:
                     self._drain(remaining)
                 except OSError:
                     return _exit_without_zygote(pid)
+                if pid in self.exits:
+                    return self.exits[pid]
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
 
     def _drain(self, timeout: float) -> None:
         """Take in the exits reported, waiting up to `timeout` for the first."""
