@@ -289,7 +289,7 @@ def check_request(
         _as_is_in_header(value, field)
         check = campaign_problem if field == "$.campaign" else queue_part_problem
         if value is not None and (refused := check(value)) is not None:
-            raise ComposeError(f"{refused} (it names a queue)", field)
+            raise ComposeError(f"{field.removeprefix('$.')} {refused} (it names a queue)", field)
         if value:  # (one word: on a line of its own at worst)
             _fits(f" {value}", max_line_length, field)
     for index, recipient in enumerate(request.recipients):
@@ -437,7 +437,8 @@ def _given_field(name: str, value: str, max_line_length: int) -> str:
 def _as_is_in_header(value: str | None, field: str) -> None:
     for char, name in _FORBIDDEN:
         if value is not None and char in value:
-            raise ComposeError(_AS_IS_TEXT.format(name=name), field)
+            # Named in the text too ("tenant must not ..."): a sentence, not the field's predicate.
+            raise ComposeError(f"{field.rpartition('.')[2]} {_AS_IS_TEXT.format(name=name)}", field)
 
 
 _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")

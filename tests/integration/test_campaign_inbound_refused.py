@@ -57,7 +57,7 @@ def _inbound_queued(node: PigeonProcess) -> list[str]:
 def test_an_injection_s_campaign_inbound_is_refused_naming_the_field(node: PigeonProcess, value: str) -> None:
     status, answer = node.http_post("/api/v1/inject", _request(campaign=value, tenant="hook"), TOKEN)
     assert status == 400, answer
-    assert answer == {"error": f"{REFUSED.format(value=value)} (it names a queue)", "field": "$.campaign"}
+    assert answer == {"error": f"campaign {REFUSED.format(value=value)} (it names a queue)", "field": "$.campaign"}
     assert _inbound_queued(node) == []
 
 

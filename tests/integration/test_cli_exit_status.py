@@ -227,8 +227,9 @@ def test_a_config_file_broken_while_the_node_runs_still_lets_the_operator_look(
 
 def test_after_the_http_address_was_edited_and_reloaded_the_cli_still_finds_the_node(tmp_path: Path) -> None:
     """`[http] listen` changed and reloaded takes effect at the next restart: until then the
-    node listens where it started, and the `pigeon` command, reading the edited file, asks
-    there after a note, rather than exit 3 calling a running node unreachable."""
+    node listens where it started (the spool's http-address), and the `pigeon` command, reading
+    the edited file, asks there, rather than exit 3 calling a running node unreachable. Once
+    that node is gone, the configured address is asked, after a note."""
     with PigeonProcess(tmp_path / "node") as pigeon:
         edited = json.loads(json.dumps(pigeon.config))
         elsewhere = f"127.0.0.1:{free_port()}"
@@ -238,10 +239,14 @@ def test_after_the_http_address_was_edited_and_reloaded_the_cli_still_finds_the_
         pigeon.process.send_signal(signal.SIGHUP)
         pigeon.wait_stderr("[http] listen changed; it takes effect at the next restart")
         result = pigeon_cli("queue", "summary", "-c", str(pigeon.config_path))
-        assert result.returncode == 0, result.stderr
-        assert (
-            f"pigeon: note: http://{elsewhere} ([http] listen) cannot be reached ([Errno 111] Connection refused); "
-            f"the node on this spool listens on http://127.0.0.1:{pigeon.http_port}"
-        ) in result.stderr
+        assert (result.returncode, result.stderr) == (0, "")
         given = pigeon_cli("queue", "summary", "--url", f"http://{elsewhere}")  # asked for there: only there
         assert given.returncode == 3 and "is `pigeon serve` running?" in given.stderr
+    gone = pigeon_cli("queue", "summary", "-c", str(pigeon.config_path))
+    assert gone.returncode == 3
+    assert gone.stderr.startswith(
+        f"pigeon: note: http://127.0.0.1:{pigeon.http_port}, where the node on this spool listened when it started "
+        f"(its http-address), cannot be reached ([Errno 111] Connection refused): asking http://{elsewhere} "
+        "([http] listen)\n"
+        f"pigeon: cannot reach http://{elsewhere}: [Errno 111] Connection refused (is `pigeon serve` running?)"
+    ), gone.stderr

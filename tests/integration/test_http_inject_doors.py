@@ -221,7 +221,7 @@ def test_a_tenant_with_white_space_colon_or_at_is_one_rule_at_every_door(node: P
     for field, value in (("tenant", "a b"), ("campaign", "x@y")):
         status, answer = node.http_post("/api/v1/inject", _request("ann@example.net", **{field: value}), TOKEN)
         shown = repr(value[1])
-        error = f"contains {shown}: no white space, ':' or '@' allowed (it names a queue)"
+        error = f"{field} contains {shown}: no white space, ':' or '@' allowed (it names a queue)"
         assert (status, answer) == (400, {"error": error, "field": f"$.{field}"})
 
 

@@ -148,3 +148,17 @@ def test_passwd_tenants_binds_the_user_and_a_new_password_keeps_the_binding(tmp_
         == "pigeon: --tenants: tenant 'a b' contains ' ': no white space, ':' or '@' allowed; nothing changed\n"
     )
     assert PasswordFile.load(users).check("alice", "other")
+
+
+def test_passwd_with_the_password_piped_but_no_stdin_option_says_to_give_it(tmp_path: Path) -> None:
+    """`echo s3cret | pigeon passwd -c users alice`: the password is asked for on a terminal,
+    and stdin is none. It read the pipe after Python's `GetPassWarning: Can not control echo on
+    the terminal`, naming a file of the interpreter; it now says to add --stdin, and changes nothing."""
+    users = tmp_path / "users"
+    result = zygote.run(["passwd", "-c", str(users), "alice"], input="s3cret\n", text=True, timeout=60)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        "pigeon: stdin is no terminal to ask for the password on: to give it on stdin, add --stdin "
+        "(echo PASSWORD | pigeon passwd ... --stdin reads its first line); nothing changed\n"
+    )
+    assert not users.exists()

@@ -1,8 +1,11 @@
 """What the commands that talk to a running node share: where it is, the token, the request.
 
-The node is the one the configuration describes (`[http] listen`); the token is `--token`,
-else `$PIGEON_TOKEN`, else the node's local token file (`<spool path>/api-token`), which a
-user who may read the spool may use.
+The token is `--token`, else `$PIGEON_TOKEN`, else the local token file of the spool the
+configuration names (`<spool path>/api-token`: without -c, `./var/spool`), which a user who may
+read the spool may use. The node asked is `--url`, else the spool's node: where it listens, as
+it wrote to the spool's `http-address` when it started, else `[http] listen`. A node that
+answers 401 to a command that took its token from a spool (or found none there) is told of,
+before its answer, with where the token came from and what to give instead.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, BinaryIO, Final
 
 from pigeon import __version__
-from pigeon.cli.common import add_config_option, load_config
+from pigeon.cli.common import add_config_option, load_config, os_reason
 from pigeon.config.schema import split_endpoint
 from pigeon.logs.peer_text import escape_unprintable, shown
 from pigeon.node.partial_answer import covered
@@ -71,20 +75,26 @@ class ApiClient:
         self.url = (args.url or _url_of(listen.host, listen.port)).rstrip("/")
         # Told neither: the default address, which is the node's only when it runs on its defaults.
         self._defaulted = args.config is None and not args.url
-        # Where the node on this spool bound its listener, if that is elsewhere: tried when the
-        # configured address cannot be reached (an [http] listen edited since the node started).
-        self._running: str | None = None
+        # The node on this spool listens where it wrote as it started: that one is asked, whose
+        # local token this is. `[http] listen` may name another node's address: edited since the
+        # node started (it takes effect at its restart), or, without -c, the default address
+        # another node holds. The configured address is asked only when the recorded one cannot
+        # be reached (no node runs there any more).
+        self._configured: str | None = None
         if not args.url and (recorded := recorded_http_address(config.spool.path)) is not None:
             with contextlib.suppress(ValueError):  # (a file no node wrote)
-                if (url := _url_of(*split_endpoint(recorded))) != self.url:
-                    self._running = url
+                if (running := _url_of(*split_endpoint(recorded))) != self.url:
+                    self.url, self._configured = running, self.url
         if _url_problem(self.url):  # "localhost:8025", "http://[::1", port 99999: a usage error
             print(f"pigeon: --url {redact_url(self.url)!r} is not an HTTP address (give http://HOST:PORT)",
                   file=sys.stderr)  # fmt: skip
             raise SystemExit(2)
-        self.token = (
-            args.token or os.environ.get("PIGEON_TOKEN") or _local_token(config.spool.path / _local_token_file())
-        )
+        self.token = args.token or os.environ.get("PIGEON_TOKEN")
+        # Taken from the spool (or looked for there, and not found): what to say when refused.
+        self._local: _LocalToken | None = None
+        if not self.token:
+            self._local = _LocalToken(config.spool.path / _local_token_file(), args.config)
+            self.token = self._local.token
 
     def request(
         self,
@@ -152,6 +162,8 @@ class ApiClient:
                     return response.status, response.read()
             except urllib.error.HTTPError as error:
                 with error:
+                    if error.code == 401 and token and self._local is not None:
+                        print(f"pigeon: {self._local.refused(self.url)}", file=sys.stderr)
                     return error.code, error.read()
         except BrokenPipeError:
             raise  # the sink's reader went away (`| head`): no fault of the node's (`pigeon.cli.main`)
@@ -170,11 +182,12 @@ class ApiClient:
                       "speaks plain HTTP unless a proxy in front of it does TLS: give http://HOST:PORT)",
                       file=sys.stderr)  # fmt: skip
                 raise SystemExit(2) from None
-            if self._running is not None:
-                configured, self.url, self._running = self.url, self._running, None
-                print(f"pigeon: note: {redact_url(configured)} ([http] listen) cannot be reached ({why}); the node on "
-                      f"this spool listens on {redact_url(self.url)} (a changed listen address takes effect at its "
-                      "restart): asking there", file=sys.stderr)  # fmt: skip
+            if self._configured is not None:
+                recorded, self.url, self._configured = self.url, self._configured, None
+                configured = "the default address" if self._defaulted else "[http] listen"
+                print(f"pigeon: note: {redact_url(recorded)}, where the node on this spool listened when it started "
+                      f"(its http-address), cannot be reached ({why}): asking {redact_url(self.url)} ({configured})",
+                      file=sys.stderr)  # fmt: skip
                 return self.fetch(path, method=method, data=data, token=token, timeout=timeout,
                                   unreachable=unreachable, unanswered=unanswered, sink=sink)  # fmt: skip
             hint = "is `pigeon serve` running?"
@@ -310,8 +323,42 @@ def _local_token_file() -> str:
     return LOCAL_TOKEN_FILE
 
 
-def _local_token(path: Any) -> str | None:
-    try:
-        return str(path.read_text().strip())
-    except OSError:
-        return None
+class _LocalToken:
+    """The local token of the spool a command reads, when it was given none (`token`: None if
+    there is none to read), and what to say when a node refuses it, or refuses a request
+    without it (401)."""
+
+    def __init__(self, path: Path, config: Path | None) -> None:
+        self.config = config
+        # Without -c, the default `[spool] path`, relative to the working directory: said so.
+        self.spool = str(path.parent) if path.is_absolute() else f"./{path.parent}"
+        self.path = path
+        with contextlib.suppress(OSError):  # (a working directory removed)
+            self.path = path.absolute()
+        self.token: str | None = None
+        self.problem = ""
+        try:
+            self.token = path.read_text().strip() or None
+        except OSError as error:
+            self.problem = os_reason(error)
+        else:
+            self.problem = "" if self.token else "it is empty"
+
+    def refused(self, url: str) -> str:
+        """Said before the node's 401 (from the node at `url`)."""
+        none = "no token was sent: none was given (--token, $PIGEON_TOKEN), and"
+        if self.config is None:
+            spool = self.spool
+            instead = "give the node's configuration (-c FILE, as given to `pigeon serve`"
+            if self.token is None:
+                return (f"{none} without -c the local token is looked for in {spool}/{self.path.name} ({self.path}): "
+                        f"{self.problem}; {instead}: its spool holds the local token) or --token")  # fmt: skip
+            return (f"the token sent is the local one of {spool} ({self.path}), which {redact_url(url)} does not know: "
+                    f"it is not that spool's node; {instead}) or --token")  # fmt: skip
+        if self.token is None:
+            return (f"{none} the local token is looked for in the spool of {self.config}, {self.path}: "
+                    f"{self.problem} (the node keeps it there while [http] local_token is on, for the user it runs "
+                    "as); give --token")  # fmt: skip
+        return (f"the token sent is the local one of the spool of {self.config} ({self.path}), which {redact_url(url)} "
+                "does not know: it is not that spool's node (is that one running?); give --url and --token of the "
+                "node to ask")  # fmt: skip

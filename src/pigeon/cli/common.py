@@ -22,6 +22,12 @@ def add_config_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def os_reason(error: OSError) -> str:
+    """An OSError as a command says it after what it could not do: "No such file or directory",
+    not Python's "[Errno 2] No such file or directory: 'x.eml'" (the command names the file)."""
+    return error.strerror or str(error) or type(error).__name__
+
+
 def load_config(args: argparse.Namespace, *, enough: Sequence[tuple[str, str]] = ()) -> Config:
     """The configuration, or exit 2 with the loader's message. `enough`: the keys this
     command needs (`("log", "path")`, ...): if the file does not load as a whole but they do,

@@ -16,6 +16,7 @@ from typing import Any
 
 from pigeon import mime
 from pigeon.cli.api import ApiClient, Unanswered, add_api_options, fail, printable
+from pigeon.cli.common import os_reason
 from pigeon.logs.peer_text import shown
 
 EXAMPLES = """examples:
@@ -97,7 +98,11 @@ def register(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         request = _request(args)
-    except (OSError, ValueError) as error:
+    except OSError as error:  # a message file, --html or --attach, or stdin
+        what = "stdin" if error.filename is None else error.filename
+        print(f"pigeon inject: cannot read {what}: {os_reason(error)}", file=sys.stderr)
+        return USAGE
+    except ValueError as error:
         print(f"pigeon inject: {error}", file=sys.stderr)
         return USAGE
     # A node that cannot be reached is a temporary failure to a script or an MTA calling us.

@@ -34,7 +34,8 @@ gets 535. A new password keeps the user's tenants (the `:tenants=` of its line) 
 --tenants gives others; without a binding, the user may claim any tenant.
 Exits 0 when the password is set; 1 if it was refused (empty, the two differ, the file
 cannot be written); 2 for a usage error (no file, a missing one without -c, one that cannot
-be read or is no users file), said before the password is asked for.
+be read or is no users file, a password piped without --stdin), said before the password is
+asked for.
 """
 
 
@@ -100,6 +101,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.stdin:
         password = sys.stdin.readline().rstrip("\r\n")
+    elif not _on_a_terminal():
+        # getpass would read the pipe, after Python's GetPassWarning naming a file of the
+        # interpreter, or ask on the controlling terminal while the password sat in the pipe.
+        print("pigeon: stdin is no terminal to ask for the password on: to give it on stdin, add --stdin "
+              "(echo PASSWORD | pigeon passwd ... --stdin reads its first line); nothing changed",
+              file=sys.stderr)  # fmt: skip
+        return 2
     else:
         password = getpass.getpass(f"Password for {args.user}: ")
         if getpass.getpass("Again: ") != password:
@@ -119,3 +127,10 @@ def run(args: argparse.Namespace) -> int:
     print("a running node takes the change at SIGHUP (systemctl reload pigeon, or kill -HUP its pid); until then "
           "AUTH checks the users it read last")  # fmt: skip
     return 0
+
+
+def _on_a_terminal() -> bool:
+    try:
+        return sys.stdin is not None and sys.stdin.isatty()
+    except (OSError, ValueError):  # (closed)
+        return False

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from pigeon.cli.common import os_reason
 from pigeon.config.load import ConfigError, load_keys, read_text
 from pigeon.config.schema import split_endpoint
 from pigeon.header_section import author_missing_in, malformed_field_in
@@ -657,7 +658,7 @@ def _submit(
     except smtplib.SMTPServerDisconnected as error:  # (before the message went: `_message`)
         raise Refused(TEMPFAIL, f"the Pigeon node at {where} closed the connection ({error})") from None
     except OSError as error:
-        raise Refused(TEMPFAIL, f"the connection to the Pigeon node at {where} failed ({_why(error)})") from None
+        raise Refused(TEMPFAIL, f"the connection to the Pigeon node at {where} failed ({os_reason(error)})") from None
 
 
 def _connected(node: Node, where: str, options: Options) -> smtplib.SMTP:
@@ -670,7 +671,7 @@ def _connected(node: Node, where: str, options: Options) -> smtplib.SMTP:
     except OSError as error:
         client.close()
         raise Refused(
-            TEMPFAIL, f"cannot reach the Pigeon node at {where} ({_why(error)}): nothing sent, try again later"
+            TEMPFAIL, f"cannot reach the Pigeon node at {where} ({os_reason(error)}): nothing sent, try again later"
         ) from None
     if code != 220:
         client.close()
@@ -680,10 +681,6 @@ def _connected(node: Node, where: str, options: Options) -> smtplib.SMTP:
         client.close()
         raise Refused(TEMPFAIL if code < 500 else UNAVAILABLE, f"{where} answered EHLO {_reply(code, text)}")
     return client
-
-
-def _why(error: OSError) -> str:
-    return error.strerror or str(error) or type(error).__name__
 
 
 def _too_many(code: int, text: bytes) -> bool:
@@ -1046,7 +1043,7 @@ def relay_smtp(node: Node, trace: bytes) -> int:
     try:
         connection = socket.create_connection((node.host, node.port), timeout=TIMEOUT)
     except OSError as error:
-        raise Refused(TEMPFAIL, f"cannot reach the Pigeon node at {where} ({_why(error)})") from None
+        raise Refused(TEMPFAIL, f"cannot reach the Pigeon node at {where} ({os_reason(error)})") from None
     relay = SmtpRelay(trace)
     stdin, stdout = sys.stdin.buffer.fileno(), sys.stdout.buffer.fileno()
     reading, shut = True, False
@@ -1077,4 +1074,4 @@ def relay_smtp(node: Node, trace: bytes) -> int:
                     connection.shutdown(socket.SHUT_WR)
                     shut = True
         except OSError as error:  # (the node went, or the caller stopped reading)
-            raise Refused(TEMPFAIL, f"the SMTP session with {where} broke off ({_why(error)})") from None
+            raise Refused(TEMPFAIL, f"the SMTP session with {where} broke off ({os_reason(error)})") from None
