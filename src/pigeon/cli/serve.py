@@ -11,12 +11,21 @@ import os
 import resource
 import socket
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 from pigeon.cli.common import add_config_option
-from pigeon.config.load import ConfigError, load, load_text, read_text
+from pigeon.config.load import (
+    ConfigError,
+    cannot_make,
+    directories,
+    key_error,
+    load,
+    load_text,
+    read_text,
+    unwritable_directory,
+)
 from pigeon.config.patterns import host_port
 from pigeon.config.schema import Config
 from pigeon.node import handed, signals
@@ -28,6 +37,7 @@ from pigeon.node.privileges import (
     drop,
     give_directories,
     groups_of,
+    make_directory,
     plan,
     problem_as,
 )
@@ -128,7 +138,11 @@ def run(args: argparse.Namespace) -> int:
     listening: Bound | None = None
     if args.worker is None:
         try:
-            _node_lock, listening = _claim(config)  # the lock stays open (held) until this process exits
+            # The lock stays open (held) until this process exits.
+            _node_lock, listening = _claim(config, args.config, start_text)
+        except ConfigError as error:  # a [spool] path or [log] path that cannot be made
+            print(f"pigeon: cannot start: configuration error: {redact(str(error))}", file=sys.stderr)
+            return 2
         except (PrivilegeError, NodeLocked, OSError) as error:
             print(f"pigeon: cannot start: {error}", file=sys.stderr)
             return 1
@@ -212,7 +226,7 @@ def _check(args: argparse.Namespace) -> int:
     from pigeon.policy.hooks import Policy, PolicyLoadError
 
     signals.started()  # (ending of its own accord: no start-up to bound)
-    config, _ = _load_with_text(args)
+    config, text = _load_with_text(args)
     try:
         # Before the policy module's import, as a start asks it: before it imports anything more.
         problem = check_problem(config.node, workers=config.node.worker_count > 1)
@@ -220,6 +234,9 @@ def _check(args: argparse.Namespace) -> int:
         problem = str(error)
     if problem is not None:  # (a start exits 1 on it; the check's errors are all 2)
         print(f"pigeon: cannot start: {problem}", file=sys.stderr)
+        return 2
+    if (unwritable := unwritable_directory(config, args.config, text)) is not None:
+        print(f"pigeon: configuration error: {redact(str(unwritable))}", file=sys.stderr)
         return 2
     policy_warnings: tuple[str, ...] = ()
     if config.policy.module is not None:
@@ -293,10 +310,12 @@ def _raise_open_file_limit() -> None:
             logging.getLogger(__name__).warning("open files limit stays at %d: %s", soft, error)
 
 
-def _claim(config: Config) -> tuple[int, Bound]:
+def _claim(config: Config, path: Path | None = None, text: str | None = None) -> tuple[int, Bound]:
     """Take the node lock, bind every listener and, started as root with `[node] user`, give
     the spool and log directories to the user and become it. Returns the lock's descriptor
     (held until exit) and the sockets bound, which this process serves or hands to its workers.
+    The spool and log directories are made first (as root, then given to the user), and one
+    that cannot be is a ConfigError naming its key (in the file `path`, of text `text`).
 
     The sockets are bound here, once, without SO_REUSEPORT: a second node on the same
     address fails to bind ("address in use") instead of sharing the port and taking half the
@@ -317,12 +336,14 @@ def _claim(config: Config) -> tuple[int, Bound]:
     lock: int | None = None
     try:
         if run_as is None:
+            _make_directories(config, path, text, make=lambda d: d.mkdir(mode=0o700, parents=True, exist_ok=True))
             lock = take_node_lock(config.spool.path)
         for endpoint in config.smtp.listen:
             # Listened on once served: not while the node waits for room on its spool's disk.
             listening.smtp += _bind("[smtp] listen", endpoint.host, endpoint.port, listen=False)
         listening.http += _bind("[http] listen", config.http.listen.host, config.http.listen.port, listen=False)
         if run_as is not None:
+            _make_directories(config, path, text, make=make_directory)  # (as root: parents 0755)
             give_directories([config.spool.path, config.log.path], run_as)
             drop(run_as)
             lock = take_node_lock(config.spool.path)
@@ -333,6 +354,18 @@ def _claim(config: Config) -> tuple[int, Bound]:
         raise
     assert lock is not None  # taken on either path
     return lock, listening
+
+
+def _make_directories(config: Config, path: Path | None, text: str | None, *, make: Callable[[Path], None]) -> None:
+    """Make the spool and log directories with `make`, or raise a ConfigError naming the key of
+    the one that cannot be made (in the file `path`, of text `text`): a path under /proc, or in
+    a directory closed to the user, must not stop the start with an errno alone (exit 1, and
+    started again and again by systemd)."""
+    for keys, directory in directories(config):
+        try:
+            make(directory)
+        except OSError as error:
+            raise key_error(path, text, keys, cannot_make(directory, error)) from None
 
 
 def _bind(key: str, host: str, port: int, *, listen: bool = True) -> list[socket.socket]:

@@ -7,7 +7,10 @@ same from any working directory; without a file they are relative to the working
 from __future__ import annotations
 
 import difflib
+import errno
 import ipaddress
+import os
+import pwd
 import re
 import socket
 import ssl
@@ -1306,10 +1309,68 @@ def _check_listen_addresses(config: Config, text: str, fail: Callable[..., Confi
         seen.append((key, endpoint, host))
 
 
+def directories(config: Config) -> list[tuple[list[str], Path]]:
+    """The directories a node makes as it starts, each with its key: `[spool] path`, `[log] path`."""
+    return [(["spool", "path"], config.spool.path), (["log", "path"], config.log.path)]
+
+
+def key_error(path: Path | None, text: str | None, keys: list[str], reason: str) -> ConfigError:
+    """An error about the key at `keys` found after the load (the start's), worded as the load's
+    are: the file `path` (`text`, its text) and the line where the key is set, if it is."""
+    line = _line_of(text, keys) if path is not None and text is not None else None
+    where = f"{path}, line {line}: " if line else (f"{path}: " if path is not None else "")
+    return ConfigError(f"{where}{_key_name(keys)}: {reason}")
+
+
+def cannot_make(directory: Path, error: OSError) -> str:
+    """Why `directory` (a `[spool] path` or `[log] path`) could not be made, from the error of
+    making it (or a parent of it): said of the directory the system refused to make it in."""
+    failed = Path(error.filename) if isinstance(error.filename, str) else directory
+    reason = error.strerror or str(error)
+    if error.errno == errno.ENOENT and failed.parent.is_dir():
+        # Said of a directory that is there: a file system that makes none (/proc, /sys).
+        return f"{directory} cannot be made: {failed.parent} takes no new directory ({reason})"
+    if failed == directory:
+        return f"{directory} cannot be made: {reason}"
+    return f"{directory} cannot be made: {failed}: {reason}"
+
+
+def unwritable_directory(config: Config, path: Path | None, text: str | None) -> ConfigError | None:
+    """For `pigeon serve --check`, which makes nothing: a `[spool] path` or `[log] path` not made
+    yet whose nearest existing directory is on a read-only file system, or not writable by the
+    user the check runs as (a start as that user could not make it). Every load checks that no
+    file stands in their way (`_check_directories`). Not all a start may meet: a file system
+    that makes no directory whatever the modes (/proc) is met by the start, which names the key
+    too (`cannot_make`)."""
+    for keys, directory in directories(config):
+        try:
+            if directory.exists():
+                continue
+            existing = next(parent for parent in directory.absolute().parents if parent.exists())
+            if not existing.is_dir() or os.access(existing, os.W_OK | os.X_OK):
+                continue  # (a file in the way: said by the load)
+            read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
+        except (OSError, StopIteration):
+            continue  # (not ours to look into: the start says what it finds)
+        if read_only:
+            reason = f"{directory} cannot be made: {existing} is on a read-only file system"
+        else:
+            reason = f"{directory} cannot be made: {existing} is not writable by {_user()}, the user the check runs as"
+        return key_error(path, text, keys, reason)
+    return None
+
+
+def _user() -> str:
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return f"uid {os.geteuid()}"
+
+
 def _check_directories(config: Config, fail: Callable[..., ConfigError]) -> None:
     """The spool's and the log's directories must be directories, or be creatable: a file in
     their way would fail the start later with an errno and no key to fix."""
-    for keys, directory in ((["spool", "path"], config.spool.path), (["log", "path"], config.log.path)):
+    for keys, directory in directories(config):
         try:
             existing = next((p for p in (directory, *directory.parents) if p.exists()), None)
             if existing is None or existing.is_dir():

@@ -110,12 +110,18 @@ def give_directories(directories: Iterable[Path], run_as: RunAs) -> None:
     Raises `PrivilegeError` when a directory is a symbolic link or belongs to a third user.
     """
     for directory in directories:
-        for parent in reversed(directory.parents):
-            if not parent.exists():
-                parent.mkdir(mode=0o755)
-        if not directory.exists():
-            directory.mkdir(mode=0o700)
+        make_directory(directory)
         _chown_tree(directory, run_as)
+
+
+def make_directory(directory: Path) -> None:
+    """Make `directory` as `give_directories` does (mode 0700, missing parents 0755), if it is
+    not there: OSError if it cannot be."""
+    for parent in reversed(directory.parents):
+        if not parent.exists():
+            parent.mkdir(mode=0o755)
+    if not directory.exists():
+        directory.mkdir(mode=0o700)
 
 
 # Opening a directory entry this way fails (ELOOP, ENOTDIR) unless the entry itself is a
