@@ -262,7 +262,7 @@ def test_show_masks_every_header_value_but_a_harmless_ones_of_webhooks_and_log_h
         (
             '[http]\ntoken = "tok-0123456789abcdef-secret15"\n',
             "secret15",
-            "line 2: [http] token: expected a list, got a string\n",
+            "line 2: [[http.token]]: expected a list of tables, got a string\n",
         ),
         (
             '[[target]]\nname = "hook"\nkind = "webhook"\nurl = "https://app.example/in"\nsecret = 987654\n',

@@ -509,8 +509,8 @@ def key_line(text: str, keys: list[str]) -> int | None:
     line = _line_of(text, keys)
     if line is None:
         return None
-    name = text.splitlines()[line - 1].split("=", 1)[0].strip().strip('"')
-    return line if "=" in text.splitlines()[line - 1] and name == keys[-1] else None
+    written = text.splitlines()[line - 1]
+    return line if "=" in written and _dotted(written.split("=", 1)[0])[-1] == keys[-1] else None
 
 
 def block_line(text: str, section: str, index: int, key: str | None = None) -> int | None:
@@ -531,7 +531,7 @@ def block_line(text: str, section: str, index: int, key: str | None = None) -> i
                     if key is None:
                         return number
             continue
-        if inside and "=" in line and line.split("=", 1)[0].strip().strip('"') == key:
+        if inside and "=" in line and _dotted(line.split("=", 1)[0])[0] == key:
             return number
     return header_line
 
@@ -1667,10 +1667,12 @@ def _explain(message: str, path: Path, text: str, data: Any = None) -> str:
         elif close:
             reason += f" (did you mean {close[0]!r}?)"
     elif keys[:1] == ["target"] and (reason.startswith("Invalid value") or "field `kind`" in reason):
+        kinds = ", ".join(toml_spelling(kind) for kind in _target_kinds())
         if "field `kind`" in reason:
             keys.append("kind")
-            reason = "missing"
-        reason += f"; choose one of {', '.join(repr(kind) for kind in _target_kinds())}"
+            reason = f"missing; choose one of {kinds}"
+        else:
+            reason = f"expected one of {kinds}, got {_chosen(reason, data, match.group('path') or '')}"
     elif keys == ["node", "workers"]:
         # "auto" is the only string: msgspec's "Invalid enum value 'two'; choose one of 'auto'"
         # would hide that a number is the other choice.
@@ -1682,9 +1684,9 @@ def _explain(message: str, path: Path, text: str, data: Any = None) -> str:
         elif given is not None:
             reason = f"{given['value']!r}: {reason}"
     elif reason.startswith("Invalid enum value"):
-        choices = _choices(keys)
-        if choices:
-            reason += f"; choose one of {', '.join(repr(c) for c in choices)}"
+        choices = ", ".join(toml_spelling(choice) for choice in _choices(keys))
+        chosen = _chosen(reason, _NO_VALUE if of_a_value else data, match.group("path") or "")
+        reason = f"expected one of {choices}, got {chosen}" if choices else f"{chosen} is not a value this key takes"
     elif reason.startswith("Expected `"):
         reason = _expected_in_words(
             reason, keys, _NO_VALUE if of_a_value else _value_at(data, match.group("path") or "")
@@ -1732,6 +1734,16 @@ _EXPECTED_OF_KEY: Final = {
 _NO_VALUE: Final = object()
 
 
+def _chosen(reason: str, data: Any, at: str) -> str:
+    """The value msgspec's "Invalid enum value 'off'" or "Invalid value 'x'" is about, as the file
+    writes it (`data`: what the file decoded to; `at`: msgspec's path to the value)."""
+    value = _value_at(data, at)
+    if isinstance(value, str):
+        return toml_spelling(value[:80])
+    given = re.match(r"Invalid (?:enum )?value (?P<value>.*?)(?:; |$)", reason, re.DOTALL)
+    return given["value"] if given is not None else "another value"
+
+
 def _kind_in_words(kind: str) -> str:
     """`int | null` as "a whole number" (TOML has no null: a key left out is the default)."""
     words = [_KIND_WORDS.get(part, f"`{part}`") for part in kind.split(" | ") if part != "null"]
@@ -1761,10 +1773,19 @@ def _shown(value: Any) -> str:
     return toml_spelling(value)
 
 
+def _is_tables(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(item, dict) for item in value)
+
+
 def _holds_secret(keys: list[str]) -> bool:
     """Whether the key at `keys` holds a secret, or a URL or header that may: what is wrong
-    with it is said without its value (`auth_password = 12345678` is one, mistyped)."""
-    return bool(keys) and (keys[-1] in SECRET_KEYS or keys[-1] in URL_KEYS or HEADERS_KEY in keys)
+    with it is said without its value (`auth_password = 12345678` is one, mistyped). Not a key
+    of the same name that takes no string (`[[queue]] dsn`, true or false)."""
+    if not keys or not (keys[-1] in SECRET_KEYS or keys[-1] in URL_KEYS or HEADERS_KEY in keys):
+        return False
+    kind = _section_type(keys)
+    members = typing.get_args(kind) if typing.get_origin(kind) in (typing.Union, types.UnionType) else (kind,)
+    return not all(member in (bool, int, float, type(None)) for member in members)
 
 
 def _expected_in_words(reason: str, keys: list[str], value: Any) -> str:
@@ -1773,8 +1794,20 @@ def _expected_in_words(reason: str, keys: list[str], value: Any) -> str:
     found = _EXPECTED.match(reason)
     if found is None:
         return reason
+    choices = _choices(keys)
     kind = _EXPECTED_OF_KEY.get(keys[-1] if keys else "") or _kind_in_words(found["kind"])
+    if choices:
+        kind = f"one of {', '.join(toml_spelling(choice) for choice in choices)}"
+    tables = found["kind"].startswith("array") and _is_array(keys)  # ([[route]] blocks)
+    if tables:
+        kind = "a list of tables"
     shown = "" if value is _NO_VALUE or _holds_secret(keys) else _shown(value)
+    table = ".".join(keys)
+    if found["got"] == "object" and tables:
+        # `[route]` for `[[route]]`: TOML's one table where each block is a table of a list.
+        return f"expected {kind}, got one table: head each block with [[{table}]] (two brackets), not [{table}]"
+    if found["got"] == "array" and found["kind"].startswith("object") and _is_tables(value):
+        return f"expected a table, got a list of tables: head it with [{table}] (one bracket), not [[{table}]]"
     if found["got"] is not None:
         if found["got"] == "bool" and shown:
             return f"expected {kind}, got {shown}"  # ("got true", not "got true or false true")
@@ -1821,13 +1854,15 @@ def _known_keys(section: list[str]) -> list[str]:
     return list(dict.fromkeys(field for each in fields for field in each))
 
 
-def _choices(keys: list[str]) -> list[str]:
-    kind = _section_type(keys)
+def _choices(keys: list[str]) -> list[Any]:
+    """The values a key of fixed choices takes (`[log] level`: "debug", "info", ...): of a
+    list's items for a list (`scopes`); none for another key."""
+    kind = _section_type(keys)  # (a list's item type, for a list)
     options = [kind] if typing.get_origin(kind) is Literal else list(typing.get_args(kind))
-    found: list[str] = []
+    found: list[Any] = []
     for option in options:
         if typing.get_origin(option) is Literal:
-            found += [str(a) for a in typing.get_args(option)]
+            found += list(typing.get_args(option))
     return found
 
 
@@ -1838,10 +1873,10 @@ def _key_name(keys: list[str], block: int | None = None) -> str:
     keys = [part for key in keys for part in key.split(".")]  # ["http.token", "name"]
     if not keys:
         return ""
+    if _is_array(keys):  # the array of tables itself: `[[route]]`, `[[http.token]]`
+        return f"[[{'.'.join(keys)}]]"
     if len(keys) == 1:
-        if keys[0] in Config.__struct_fields__:
-            return f"[[{keys[0]}]]" if _is_array(keys) else f"[{keys[0]}]"
-        return keys[0]
+        return f"[{keys[0]}]" if keys[0] in Config.__struct_fields__ else keys[0]
     section = ".".join(keys[:-1])
     if not _is_array(keys[:-1]):
         return f"[{section}] {keys[-1]}"
@@ -1851,12 +1886,14 @@ def _key_name(keys: list[str], block: int | None = None) -> str:
 def _is_array(section: list[str]) -> bool:
     """Whether `section` (`["route"]`, `["http", "token"]`) is an array of tables."""
     hints: Any = Config
-    for key in section:
+    for position, key in enumerate(section):
         kind = typing.get_type_hints(hints).get(key) if hasattr(hints, "__struct_fields__") else None
         if kind is None:
             return False
-        if typing.get_origin(kind) is list:
-            return section[-1] == key
+        if typing.get_origin(kind) is list:  # (of tables, not of strings: `[smtp] listen`)
+            items = _members(typing.get_args(kind)[0]) if typing.get_args(kind) else []
+            tables = bool(items) and all(hasattr(item, "__struct_fields__") for item in items)
+            return tables and position == len(section) - 1
         hints = kind
     return False
 
@@ -1865,7 +1902,7 @@ def _line_of(text: str, keys: list[str]) -> int | None:
     """The line where a key is set: best effort, for the error message only."""
     if not keys:
         return None
-    section, key = (keys[:-1], keys[-1]) if len(keys) > 1 else ([], keys[0])
+    section = keys[:-1]
     current: list[str] = []
     section_line: int | None = None
     for number, raw in enumerate(text.splitlines(), start=1):
@@ -1878,9 +1915,19 @@ def _line_of(text: str, keys: list[str]) -> int | None:
             if current == section:
                 section_line = number
             continue
-        name = line.split("=", 1)[0].strip().strip('"')
-        if "=" in line and current == section and name == key:
+        if "=" not in line:
+            continue
+        # A dotted key (`smtp.listen = ...` at the top, `tls.x = 1` in a table) sets what its
+        # parts name from the table it is in.
+        written = current + _dotted(line.split("=", 1)[0])
+        if written[: len(keys)] == keys:
             return number
-        if "=" in line and not section and not current and name == key:
-            return number
+        if section_line is None and section and written[: len(section)] == section:
+            section_line = number
     return section_line
+
+
+def _dotted(name: str) -> list[str]:
+    """The parts of a key as a line writes it (`smtp.listen`, `"max_size"`): best effort, for
+    messages only (a quoted part holding a dot is split too)."""
+    return [part.strip().strip('"').strip("'") for part in name.split(".")]

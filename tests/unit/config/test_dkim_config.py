@@ -203,7 +203,11 @@ domain = "b.example"
 @pytest.mark.parametrize(
     ("line", "error"),
     [
-        ('tls = "always"', "line 10: [[route]] #2 tls: Invalid enum value 'always'"),
+        (
+            'tls = "always"',
+            'line 10: [[route]] #2 tls: expected one of "opportunistic", "required", "disabled", "implicit",'
+            ' got "always"',
+        ),
         ('tls_verify = true\nca_file = "none.pem"', "line 11: [[route]] #2 ca_file: route 'b.example': CA file "),
         ('tls_verify = true\nca_file = "bad.pem"', "line 11: [[route]] #2 ca_file: route 'b.example': CA file "),
     ],
