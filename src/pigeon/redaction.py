@@ -123,6 +123,23 @@ def redact_url(url: str) -> str:
     return f"{scheme}://{shown_userinfo}{authority}{_PARAMETER.sub(_mask_parameter, before + hash_ + fragment)}"
 
 
+_PROBE: Final = "pigeon0mask0probe"
+"""What `masked` puts where a URL has the mask: a secret wherever `redact_url` looks (a
+password, a parameter's value, a path segment that looks like a token)."""
+
+
+def masked(url: str) -> bool:
+    """Whether `url` is as `redact_url` gives it (as `pigeon config show` prints it): the mask,
+    whole, where a secret goes (a password of "***"), and no secret of its own anywhere. A
+    secret that holds `***` ("pass***word") is none."""
+    if MASK not in url:
+        return False
+    probed = url.replace(MASK, _PROBE)
+    redacted = redact_url(probed)
+    # A probe masked (it stood where a secret goes), each whole, and nothing else masked.
+    return redacted.count(_PROBE) < probed.count(_PROBE) and redacted.replace(_PROBE, MASK) == url
+
+
 def _authority_end(rest: str) -> int:
     """Where the authority of the URL after its `://` ends (RFC 3986 3.2: at `/`, `?` or `#`)."""
     found = _AUTHORITY_END.search(rest)

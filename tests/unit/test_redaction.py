@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from pigeon.redaction import RedactingFormatter, redact, redact_headers, redact_url
+from pigeon.redaction import RedactingFormatter, masked, redact, redact_headers, redact_url
 
 
 @pytest.mark.parametrize(
@@ -149,3 +149,24 @@ def test_a_traceback_keeps_its_line_breaks_and_loses_its_controls() -> None:
     assert first == "failed" and trace[0] == "Traceback (most recent call last):"
     assert trace[-1] == r"ValueError: reply \x1b[2J\u202e from redis://:***@r:1"
     assert all(line.isprintable() for line in trace)
+
+
+@pytest.mark.parametrize(
+    ("url", "is_masked"),
+    [
+        ("redis://:***@127.0.0.1:6379/0", True),
+        ("postgresql://app:***@db:5432/mail", True),
+        ("https://***@hooks.example/in", True),
+        ("https://hooks.example/services/T01/B02/***", True),
+        ("https://app.example/in?token=***&page=2", True),
+        ("https://app.example/in#***", True),
+        ("host=db password=*** dbname=mail", True),
+        ("redis://:pass***word@127.0.0.1:6379/0", False),  # a password that holds asterisks
+        ("https://app.example/a***b", False),
+        ("https://app.example/in?page=***", False),  # (no secret's place)
+        ("https://app.example/in?token=abc&sig=***", False),  # (a secret of its own: not config show's)
+        ("redis://127.0.0.1:6379/0", False),
+    ],
+)
+def test_masked_tells_a_url_as_config_show_prints_it_from_one_with_its_secrets(url: str, is_masked: bool) -> None:
+    assert masked(url) is is_masked

@@ -56,6 +56,7 @@ from pigeon.listener.passwords import PasswordFile, PasswordFileError, binding_p
 from pigeon.listener.tls import PairProblem, check_pair
 from pigeon.node.privileges import IdentityError, identity
 from pigeon.queue.names import queue_part_problem
+from pigeon.redaction import MASK, masked
 from pigeon.route_tenants import matches_everything
 from pigeon.shaping.gcra import Rate
 from pigeon.shaping.providers import check_name, normalise_suffix, shipped
@@ -160,11 +161,46 @@ def _load_data(
     `reloadable_files`: read and check the files a reload takes (the TLS pair, the SMTP users,
     DKIM keys, routes' CA files), as a node's start must."""
     _accept_shorthands(data)
+    if (problem := _masked_secret(data, [], None)) is not None:
+        keys, block, reason = problem
+        line = block_line(text, ".".join(block[0]), block[1], keys[-1]) if block else _line_of(text, keys)
+        where = f"{path}, line {line}" if line else str(path)
+        raise ConfigError(f"{where}: {_key_name(keys, block[1] if block else None)}: {reason}")
     try:
         config = msgspec.convert(data, Config, dec_hook=decode_hook)
     except msgspec.ValidationError as error:
         raise ConfigError(_explain(str(error), path, text, data)) from None
     return _finish(config, path, text, providers, reloadable_files=reloadable_files, first_start=first_start)
+
+
+_MASKED: Final = "is the mask pigeon config show prints"
+
+
+def _masked_secret(
+    value: Any, keys: list[str], block: tuple[list[str], int] | None
+) -> tuple[list[str], tuple[list[str], int] | None, str] | None:
+    """The first secret in what the file decoded to (`value`, at `keys`) that is `***`, the mask
+    `pigeon config show` prints for it (its output loaded as it is): its keys, its block (the
+    array of tables' keys and its index) and what to say. Told as such, not as a token too short
+    (a secret that is `***` is one nobody chose)."""
+    if isinstance(value, dict):
+        if keys and keys[-1] == HEADERS_KEY:
+            for name, item in value.items():
+                if item == MASK:
+                    return keys, block, f"{name}: {toml_spelling(MASK)} {_MASKED}: put the value back"
+            return None
+        for key, item in value.items():
+            if (found := _masked_secret(item, [*keys, key], block)) is not None:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            if isinstance(item, dict) and (found := _masked_secret(item, keys, (keys, index))) is not None:
+                return found
+    elif isinstance(value, str) and keys and keys[-1] in SECRET_KEYS and value == MASK:
+        return keys, block, f"{toml_spelling(MASK)} {_MASKED}: put the secret back"
+    elif isinstance(value, str) and keys and keys[-1] in URL_KEYS and masked(value):
+        return keys, block, f"{toml_spelling(MASK)} in it {_MASKED}: put the secret back"
+    return None
 
 
 _ONE_OR_MORE: Final = (("smtp", "listen"), ("smtp", "relay_networks"), ("dns", "nameservers"))
