@@ -33,7 +33,10 @@ class Rate:
         has_burst, extra = bool(burst_part), "".join(burst_part)
         match = _RATE.fullmatch(spec)
         if match is None:
-            raise ValueError(f'{text!r} is not a rate like "100/s", "6000/min" or "500/h"')
+            raise ValueError(
+                f"{text!r} is not a rate: a count per s, m, h or d (or sec, second, min, minute, hour, day),"
+                ' like "100/s", "6000/min" or "500/h"'
+            )
         count = float(match.group(1).replace("_", "").replace(",", ""))
         if count <= 0:
             raise ValueError(f"{text!r}: the rate must be above zero")

@@ -762,7 +762,11 @@ def test_a_user_or_group_the_system_does_not_have_is_a_config_error(tmp_path: Pa
 @pytest.mark.parametrize(
     ("rate", "expected"),
     [
-        ('"ten a second"', 'queue \'x\': \'ten a second\' is not a rate like "100/s", "6000/min" or "500/h"'),
+        (
+            '"ten a second"',
+            "queue 'x': 'ten a second' is not a rate: a count per s, m, h or d (or sec, second, min, minute, hour,"
+            ' day), like "100/s", "6000/min" or "500/h"',
+        ),
         ('"0/s"', "queue 'x': '0/s': the rate must be above zero"),
         ('"5/s,burst=0"', "queue 'x': '5/s,burst=0': burst must be at least 1"),
         (
