@@ -217,8 +217,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     """`--check`: what a start checks before it takes anything (the whole configuration, the
-    files it names, `[node] user`'s reach of the interpreter, the policy module's import), said,
-    and nothing started: no lock, no listener, no spool. Every warning a start says of the
+    files it names, `[node] user`'s reach of the interpreter, the policy module's import) and
+    what it can tell of the spool and log directories without making them (`unwritable_directory`),
+    said, and nothing started: no lock, no listener, no spool. Every warning a start says of the
     configuration is said too (`config_warnings`), and of the policy module (`Policy.warnings`).
     Exit 0 (warnings or none), or 2 with the error, as a start refused for it would."""
     from pigeon.node.config_warnings import config_warnings
