@@ -505,8 +505,10 @@ def test_a_decommissioned_node_is_forgotten_and_writes_no_longer_name_it(
     a, b = cluster
     listed = _cli(a, "cluster", "nodes")
     assert listed.returncode == 0, listed.stderr
-    rows = listed.stdout.splitlines()[1:]
+    heading, *rows = listed.stdout.splitlines()
     assert [row.split()[:3] for row in rows] == [["a", "running", "1"], ["b", "running", "2"]], rows
+    # Each column under its heading, with names shorter than NODE too (they sat 3 columns left).
+    assert all(row.index("running") == heading.index("STATE") for row in rows), listed.stdout
     refused = _cli(a, "cluster", "forget", "b")
     assert refused.returncode == 2
     assert "pigeon: 409: node b is running (it renewed its presence " in refused.stderr

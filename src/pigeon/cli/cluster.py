@@ -79,7 +79,7 @@ def _nodes(args: argparse.Namespace) -> int:
         return 0
     answer = printable(answer)
     rows = answer.get("nodes") or []
-    width = max((len(row["node"]) for row in rows), default=4)
+    width = max([len("NODE"), *(len(row["node"]) for row in rows)])  # (the heading too: one-letter names)
     print(f"{'NODE':{width}}  {'STATE':12} {'WORKERS':>7}  {'LAST SEEN':23}  NOTE")
     for row in rows:
         this = " (the node asked)" if row["node"] == answer.get("node") and row["running"] else ""
