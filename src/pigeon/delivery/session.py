@@ -202,7 +202,27 @@ async def _this_node_among(
 
 
 class _NoConnection(ConnectFailed):
-    """This address did not take the TCP connection (refused, unreachable, timed out)."""
+    """This address did not take the TCP connection (refused, unreachable, timed out). `said`:
+    where (the peer, and the address it was tried from) and why, for a reason naming several."""
+
+    def __init__(self, reply: Reply, said: tuple[str, str]) -> None:
+        super().__init__(reply)
+        self.said = said
+
+
+# Addresses a reason names one by one when none took the connection; the rest are counted.
+_NAMED_UNTAKEN: Final = 3
+
+
+def _none_took_it(untaken: Sequence[tuple[str, str]]) -> Reply:
+    """The reason for addresses of which none took the connection (`_NoConnection.said` of each,
+    in the order tried): each, then (of many) how many more and what they did. The last alone
+    would hide that the others were tried."""
+    text = "; nor to ".join(f"{where}: {why}" for where, why in untaken[:_NAMED_UNTAKEN])
+    rest = untaken[_NAMED_UNTAKEN:]
+    if rest:
+        text += f"; nor to {len(rest)} more: {', '.join(dict.fromkeys(why for _, why in rest))}"
+    return Reply(451, "4.4.1", (f"cannot connect to {text}",))
 
 
 class _HandshakeFailed(ConnectFailed):
@@ -662,6 +682,7 @@ class ClientConnection:
         # (a timeout, SERVFAIL, a TLSA lookup) may be the host that is up: the site is not down.
         untried: list[str] = []
         unresolved = False
+        untaken: list[tuple[str, str]] = []  # the addresses that took no connection, and why
         first = avoid is None and sessions == 0  # (not `smtp_agent`'s move to another host)
         if sts is not None and _REFUSED_BY_POLICY and sts.enforced:
             hops = _refused_last(sts, hops)
@@ -729,7 +750,9 @@ class ClientConnection:
                 usable = [a for a in addresses if ipaddress.ip_address(a).version == family]
                 if not usable:
                     reason = f"{hop.host} has no IPv{family} address to reach from {options.bind}"
-                    last = ConnectFailed(Reply(451, "4.4.1", (reason,)))
+                    if not tried:  # (as a failed lookup: named after what the hosts tried did)
+                        last = ConnectFailed(Reply(451, "4.4.1", (reason,)))
+                    untried.append(reason)
                     spent += 1
                     done.append(f"{hop.host} (no IPv{family} address)")
                     continue
@@ -760,6 +783,7 @@ class ClientConnection:
                         _REFUSED_BY_POLICY.pop((sts.domain, sts.policy_id, hop.host), None)  # (fixed)
                     return connection
                 except _NoConnection as error:
+                    untaken.append(error.said)
                     if not connected:  # (a host that answered said more than one that would not connect)
                         last = error.with_traceback(None)  # (kept without the frames it came through)
                     continue
@@ -840,6 +864,8 @@ class ClientConnection:
             raise ConnectFailed(
                 Reply(550, "5.4.4", (f"host or domain name not found: no MX host has an address: {said}",))
             )
+        if not connected and not cut and len(untaken) > 1:
+            last = ConnectFailed(_none_took_it(untaken))
         if tried and untried:
             # What the hosts tried did, then why the others were not tried: the reply, the
             # message's last_response and its DSN name both (the lookup alone hid a refused
@@ -899,7 +925,7 @@ class ClientConnection:
             reply = Reply(451, "4.4.1", (f"cannot connect to {peer}{origin}: {reason}",))
             if isinstance(error, OSError) and error.errno in _LOCAL_ERRORS:
                 raise ConnectFailed(reply) from None  # our side's fault: says nothing of the site
-            raise _NoConnection(reply) from None
+            raise _NoConnection(reply, (f"{peer}{origin}", reason)) from None
         connection = cls(wire, peer=peer, options=options, host=hop.host, address=address)
         connection.opened_with = (hop, destination, policy, dane)
         connection.dane = dane
