@@ -18,7 +18,7 @@ from tests.integration.test_reload import _hangup
 from tests.support import zygote
 from tests.support.dns import DnsServer, Zone
 from tests.support.process import PigeonProcess, free_port, to_toml
-from tests.support.sinks import ScriptedSink, delivery_config, wait_until
+from tests.support.sinks import HangUpSink, ScriptedSink, delivery_config, wait_until
 
 MESSAGE = b"From: <sender@example.org>\r\nSubject: dead site\r\n\r\nHello.\r\n"
 
@@ -400,3 +400,31 @@ def test_a_host_a_source_cannot_reach_is_named_after_the_hosts_that_refused(tmp_
             "mx6.three.test has no IPv4 address to reach from 127.0.0.2"
         )
         assert (failure["response"]["code"], failure["response"]["text"]) == (451, said), failure
+
+
+@pytest.mark.parametrize(
+    ("reset", "why"), [(True, "Connection reset by peer"), (False, "closed the connection before its greeting")],
+    ids=["reset", "closed"],
+)  # fmt: skip
+def test_a_host_that_ends_every_connection_before_its_greeting_is_a_site_down(
+    tmp_path: Path, reset: bool, why: str
+) -> None:
+    """Found from outside: a host that took TCP and reset it before its greeting was a counted
+    attempt (`connection lost`) or a site down (`cannot connect ...: Connection reset by peer`)
+    as the reset's timing fell, and a probe that met the first kind logged `site ... is up
+    again` though no host had greeted, its mail failing again at once. Ended before a word,
+    a connection was not taken: the site is down, every time, and a probe says it still is."""
+    with HangUpSink(reset=reset) as sink:
+        config = delivery_config(sink.endpoint, retry_interval="1h")  # (sites probed after 1 s, then 2 s)
+        with PigeonProcess(tmp_path / "node", **config) as pigeon:
+            _send(pigeon, "x@hangup.test")
+            pigeon.wait_stderr(f"site {sink.endpoint} is down")
+            failures = pigeon.wait_records("TransientFailure", 3, timeout=20)  # (its failure, then two probes')
+            assert pigeon.wait_stderr(f"site {sink.endpoint} is still down")
+            said = f"cannot connect to [{sink.host}]:{sink.port}: {why}"
+            assert [(f["attempt"], f["response"]["code"], f["response"]["text"]) for f in failures] == [
+                (0, 451, said)
+            ] * len(failures), failures
+            assert "is up again" not in pigeon.stderr()
+            assert _attempts(pigeon) == [0]
+            assert sink.connections == len(failures)

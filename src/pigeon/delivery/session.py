@@ -41,6 +41,7 @@ import fcntl
 import functools
 import ipaddress
 import logging
+import os
 import socket
 import ssl
 import struct
@@ -100,7 +101,8 @@ class ClientOptions:
 
 class ConnectFailed(Exception):
     """No hop of the destination could be used. `reply` is the last reason; `site_down`
-    says that no host took a connection at all (each refused it or timed out), as opposed
+    says that no host took a connection at all (each refused it, timed out, or ended it before
+    a word of its greeting), as opposed
     to a host that answered and would not do (a 421, a failed TLS handshake), or one left
     untried for a lookup (of its addresses, of its TLSA records) that failed for now. `peer` is that
     host, when one answered (as `ClientConnection.peer` names it), and `tls` its TLS, when
@@ -202,7 +204,8 @@ async def _this_node_among(
 
 
 class _NoConnection(ConnectFailed):
-    """This address did not take the TCP connection (refused, unreachable, timed out). `said`:
+    """This address did not take the TCP connection (refused, unreachable, timed out), or ended
+    it before a word of its greeting (reset, closed: a host that did not answer). `said`:
     where (the peer, and the address it was tried from) and why, for a reason naming several."""
 
     def __init__(self, reply: Reply, said: tuple[str, str]) -> None:
@@ -404,6 +407,8 @@ class _Wire(asyncio.Protocol):
         self.content_wait = False  # the wait is a transaction's, whose content may take long to go
         self.unsent_seen = 0  # what `unsent` said when last looked at (progress of a long content)
         self.dropped = False  # the server closed or reset it (not our timeout, nor a broken protocol)
+        self.heard = False  # a byte came from the server (in the clear, or over TLS)
+        self.reset_by = ""  # the system's words for a reset that ended it ("Connection reset by peer")
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport, but are one.
@@ -448,6 +453,7 @@ class _Wire(asyncio.Protocol):
             raw.abort()
 
     def data_received(self, data: bytes) -> None:
+        self.heard = True
         session = self.session
         seen = session.replies_received
         session.receive_data(data)
@@ -467,6 +473,7 @@ class _Wire(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if exc is not None and self.error is None:
             self.dropped = True  # (a reset; None: closed by us, or after the end `eof_received` saw)
+            self.reset_by = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
         self.fail(Reply(451, "4.4.2", (f"connection lost: {exc}",)) if exc is not None else _CLOSED)
 
     def pump(self) -> None:
@@ -915,13 +922,18 @@ class ClientConnection:
             credentials=destination.auth,
         )
         wire = _Wire(loop, session)
+        origin = f" from {options.bind}" if options.bind is not None else ""
         try:
             async with asyncio.timeout(options.connect_timeout):
                 local = (options.bind, 0) if options.bind is not None else None
                 await loop.create_connection(lambda: wire, address, hop.port, local_addr=local)
         except (OSError, TimeoutError) as error:
-            reason = "timed out" if isinstance(error, TimeoutError) else (error.strerror or str(error))
-            origin = f" from {options.bind}" if options.bind is not None else ""
+            # The system's words for the errno (asyncio's loop says "Connect call failed (address)"
+            # instead, uvloop's "Connection refused"): a reset then reads as one a moment later.
+            if isinstance(error, TimeoutError):
+                reason = "timed out"
+            else:
+                reason = os.strerror(error.errno) if error.errno else (error.strerror or str(error))
             reply = Reply(451, "4.4.1", (f"cannot connect to {peer}{origin}: {reason}",))
             if isinstance(error, OSError) and error.errno in _LOCAL_ERRORS:
                 raise ConnectFailed(reply) from None  # our side's fault: says nothing of the site
@@ -935,6 +947,14 @@ class ClientConnection:
             await connection._greet(hop, destination)
         except ConnectionLost as error:
             connection.close()
+            if wire.dropped and not wire.heard and connection.tls is None:
+                # Reset or closed before a word: the host did not answer, as when the reset came
+                # before the connection was made (`create_connection` raised), which only the
+                # timing tells apart. The same either way: one that takes no connection (a site
+                # whose every host does this is down), never a counted attempt.
+                reason = wire.reset_by or "closed the connection before its greeting"
+                reply = Reply(451, "4.4.1", (f"cannot connect to {peer}{origin}: {reason}",))
+                raise _NoConnection(reply, (f"{peer}{origin}", reason)) from None
             greeted = session.replies_received > 0  # (a banner other than 220 is Unusable)
             raise ConnectFailed(error.reply, peer=peer, tls=connection.tls, greeted=greeted) from None
         except BaseException:
