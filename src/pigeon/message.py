@@ -105,6 +105,11 @@ class Recipient(msgspec.Struct, array_like=True, omit_defaults=True):
     # gave it; None when Pigeon wrote it (a DNS failure, a refused connection, "not tried").
     # An expiry's DSN then reports that reply as the server's (`Remote-MTA`, `smtp;`).
     last_peer: str | None = None
+    # The host `last_response` was met at when Pigeon wrote it about a server it reached (the
+    # connection broke or timed out there); None otherwise. An expiry's DSN names it
+    # (`Remote-MTA`) with that reply as Pigeon's own (`X-Pigeon;`), as the delay warning did.
+    # Last, with a default: a Pigeon from before it reads the recipient, this element ignored.
+    last_host: str | None = None
 
     @property
     def domain(self) -> str:

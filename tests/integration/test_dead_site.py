@@ -18,7 +18,7 @@ from tests.integration.test_reload import _hangup
 from tests.support import zygote
 from tests.support.dns import DnsServer, Zone
 from tests.support.process import PigeonProcess, free_port, to_toml
-from tests.support.sinks import ScriptedSink, delivery_config, wait_until
+from tests.support.sinks import HangUpSink, ScriptedSink, delivery_config, wait_until
 
 MESSAGE = b"From: <sender@example.org>\r\nSubject: dead site\r\n\r\nHello.\r\n"
 
@@ -321,3 +321,110 @@ def test_a_reload_that_changes_no_route_makes_no_retry_of_a_dead_sites_mail(tmp_
                 end = header.index(heading) + len(heading)
                 assert row[end - len(value) : end] == value and row[end - len(value) - 1] == " ", (header, row)
             assert row.index("done") == header.index("state"), (header, row)
+
+
+def test_a_site_whose_every_host_refuses_is_down_with_a_reason_naming_each_host_tried(tmp_path: Path) -> None:
+    """Found from outside: with every MX host refusing the connection, the site went down with
+    a reason naming only the last host tried, as if the others had not been. The reason names
+    each address tried and what it did, in the order tried; of many, the first three, then how
+    many more and what they did."""
+    port = free_port()  # nothing listens there on 127.79.0.x: each connection is refused
+    many = [f"mx{n}.many.test" for n in range(5)]
+    zone = Zone(
+        {
+            "two.test": [("MX", 10, "mx.down.test"), ("MX", 20, "mxa.two.test")],
+            "mx.down.test": [("A", "127.79.0.11")],
+            "mxa.two.test": [("A", "127.79.0.12")],
+            "many.test": [("MX", 10 * (n + 1), host) for n, host in enumerate(many)],
+            **{host: [("A", f"127.79.0.{20 + n}")] for n, host in enumerate(many)},
+        }
+    )
+    settings = {"enabled": True, "smtp_port": port, "retry_interval": "1h", "dsn": False, "tls": "disabled"}
+    with (
+        DnsServer(zone) as dns,
+        PigeonProcess(
+            tmp_path / "node", delivery=settings, dns={"nameservers": [dns.endpoint]}, mta_sts={"enabled": False}
+        ) as pigeon,
+    ):
+        _send(pigeon, "x@two.test")
+        pigeon.wait_stderr(f"site mx.down.test,mxa.two.test:{port} is down")
+        [failure] = pigeon.wait_records("TransientFailure", 1)
+        said = (
+            f"cannot connect to mx.down.test [127.79.0.11]:{port}: Connection refused; "
+            f"nor to mxa.two.test [127.79.0.12]:{port}: Connection refused"
+        )
+        assert (failure["attempt"], failure["response"]["code"], failure["response"]["text"]) == (0, 451, said)
+        [message] = pigeon.spool_messages()
+        status, shown = pigeon.http_call("GET", f"/api/v1/messages/{message['id']}", token=pigeon.local_token)
+        assert status == 200 and shown["last_response"] == f"451 4.4.1 {said}", shown
+
+        _send(pigeon, "y@many.test")
+        [_, down] = pigeon.wait_records("TransientFailure", 2)
+        named = "; nor to ".join(f"{host} [127.79.0.{20 + n}]:{port}: Connection refused" for n, host in
+                                 enumerate(many[:3]))  # fmt: skip
+        assert down["response"]["text"] == f"cannot connect to {named}; nor to 2 more: Connection refused", down
+        assert down["attempt"] == 0, down
+
+
+def test_a_host_a_source_cannot_reach_is_named_after_the_hosts_that_refused(tmp_path: Path) -> None:
+    """With every host that was tried refusing the connection, one that has no address of the
+    source's family is named after them, as a host left untried for its lookup is (it was the
+    whole reason before, whatever the hosts tried had done)."""
+    port = free_port()  # nothing listens there on 127.79.0.x: each connection is refused
+    zone = Zone(
+        {
+            "three.test": [("MX", 10, "mxa.three.test"), ("MX", 20, "mxb.three.test"), ("MX", 30, "mx6.three.test")],
+            "mxa.three.test": [("A", "127.79.0.31")],
+            "mxb.three.test": [("A", "127.79.0.32")],
+            "mx6.three.test": [("AAAA", "::1")],
+        }
+    )
+    settings = {"enabled": True, "smtp_port": port, "retry_interval": "1h", "dsn": False, "tls": "disabled",
+                "pool": "four"}  # fmt: skip
+    tables = {"source": [{"name": "v4", "bind": "127.0.0.2"}], "pool": [{"name": "four", "sources": ["v4"]}]}
+    with (
+        DnsServer(zone) as dns,
+        PigeonProcess(
+            tmp_path / "node",
+            delivery=settings,
+            dns={"nameservers": [dns.endpoint]},
+            mta_sts={"enabled": False},
+            tables=tables,
+        ) as pigeon,
+    ):
+        _send(pigeon, "x@three.test")
+        [failure] = pigeon.wait_records("TransientFailure", 1)
+        said = (
+            f"cannot connect to mxa.three.test [127.79.0.31]:{port} from 127.0.0.2: Connection refused; "
+            f"nor to mxb.three.test [127.79.0.32]:{port} from 127.0.0.2: Connection refused; "
+            "mx6.three.test has no IPv4 address to reach from 127.0.0.2"
+        )
+        assert (failure["response"]["code"], failure["response"]["text"]) == (451, said), failure
+
+
+@pytest.mark.parametrize(
+    ("reset", "why"), [(True, "Connection reset by peer"), (False, "closed the connection before its greeting")],
+    ids=["reset", "closed"],
+)  # fmt: skip
+def test_a_host_that_ends_every_connection_before_its_greeting_is_a_site_down(
+    tmp_path: Path, reset: bool, why: str
+) -> None:
+    """Found from outside: a host that took TCP and reset it before its greeting was a counted
+    attempt (`connection lost`) or a site down (`cannot connect ...: Connection reset by peer`)
+    as the reset's timing fell, and a probe that met the first kind logged `site ... is up
+    again` though no host had greeted, its mail failing again at once. Ended before a word,
+    a connection was not taken: the site is down, every time, and a probe says it still is."""
+    with HangUpSink(reset=reset) as sink:
+        config = delivery_config(sink.endpoint, retry_interval="1h")  # (sites probed after 1 s, then 2 s)
+        with PigeonProcess(tmp_path / "node", **config) as pigeon:
+            _send(pigeon, "x@hangup.test")
+            pigeon.wait_stderr(f"site {sink.endpoint} is down")
+            failures = pigeon.wait_records("TransientFailure", 3, timeout=20)  # (its failure, then two probes')
+            assert pigeon.wait_stderr(f"site {sink.endpoint} is still down")
+            said = f"cannot connect to [{sink.host}]:{sink.port}: {why}"
+            assert [(f["attempt"], f["response"]["code"], f["response"]["text"]) for f in failures] == [
+                (0, 451, said)
+            ] * len(failures), failures
+            assert "is up again" not in pigeon.stderr()
+            assert _attempts(pigeon) == [0]
+            assert sink.connections == len(failures)

@@ -25,6 +25,7 @@ from pigeon.smtp.client import Capabilities, Envelope, Recipient
 from pigeon.smtp.replies import Reply
 from pigeon.smtp.server import ServerConfig
 from tests.integration.session_peer import PeerServer, no_dns, on_both_loops
+from tests.support.sinks import HangUpSink
 
 OPTIONS = ClientOptions(helo_name="client.test", connect_timeout=5.0, reply_timeout=5.0)
 BODY = b"Subject: wire\r\n\r\nhello\r\n"
@@ -161,6 +162,24 @@ async def test_nothing_listening_fails_with_4_4_1() -> None:
     reply = failed.value.reply
     assert (reply.code, reply.enhanced) == (451, "4.4.1")
     assert reply.text.startswith(f"cannot connect to [127.0.0.1]:{port}: ")
+
+
+@pytest.mark.parametrize(("reset", "why"), [(True, "Connection reset by peer"),
+                                            (False, "closed the connection before its greeting")])  # fmt: skip
+@on_both_loops
+async def test_a_host_that_ends_the_connection_before_a_word_took_no_connection(reset: bool, why: str) -> None:
+    """However soon after the TCP handshake the reset (or close) comes, before the connection
+    is made or after: a connection not taken, as a refused one (the site is down), never a
+    connection lost."""
+    with HangUpSink(reset=reset) as sink:
+        hop = Hop(sink.host, sink.port)
+        destination = Destination(sink.endpoint, (hop,), TlsPolicy.DISABLED, tls_verify=False)
+        for _ in range(10):
+            with pytest.raises(ConnectFailed) as failed:
+                await ClientConnection.open(destination, no_dns(), OPTIONS)
+            assert str(failed.value.reply) == f"451 4.4.1 cannot connect to [{sink.host}]:{sink.port}: {why}"
+            assert failed.value.site_down and failed.value.peer is None
+            await asyncio.sleep(0.01 * (_ % 3))  # (the reset's timing against ours varies)
 
 
 # --- timeouts -----------------------------------------------------------------------------------

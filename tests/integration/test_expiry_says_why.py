@@ -12,9 +12,11 @@ import smtplib
 from email.message import Message
 from pathlib import Path
 
+import pytest
+
 from tests.support.ports import free_port
 from tests.support.process import PigeonProcess
-from tests.support.sinks import ScriptedSink, delivery_config, wait_until
+from tests.support.sinks import AnswerSink, ScriptedSink, delivery_config, wait_until
 
 MESSAGE = b"From: <sender@example.org>\r\nSubject: expiry\r\n\r\nHello.\r\n"
 QUOTA = "452 4.2.2 mailbox full"
@@ -128,3 +130,36 @@ def test_mail_a_reactions_suspension_holds_expires_naming_it_and_inspect_names_i
             assert blocks["first@example.net"]["Diagnostic-Code"] == f"smtp; {RATE_LIMITED}"
             assert blocks["second@example.net"]["Diagnostic-Code"].startswith("X-Pigeon; 554 5.4.7 Message expired")
             assert "last held by shaping reaction sink-rate-limited" in blocks["second@example.net"]["Diagnostic-Code"]
+
+
+_WAITING = {"retry_interval": "1h", "max_age": "3s"}  # (expires waiting for its retry: no attempt ends it)
+
+
+@pytest.mark.parametrize(
+    ("answers", "delays", "settings", "said"),
+    [
+        ({"RCPT": ""}, {}, _WAITING, "closed the connection after RCPT TO"),
+        ({}, {"RCPT": 3.0}, {**_WAITING, "reply_timeout": "1s"}, "timeout waiting for"),
+        ({}, {"RCPT": 4.0}, {"max_age": "2s", "reply_timeout": "3s"}, "timeout waiting for"),
+    ],
+    ids=["closed-at-rcpt", "no-answer-to-rcpt", "no-answer-past-max-age"],
+)
+def test_an_expiry_after_a_server_that_greeted_failed_the_connection_names_that_server(
+    tmp_path: Path, answers: dict[str, str], delays: dict[str, float], settings: dict[str, str], said: str
+) -> None:
+    """Found from outside: the server greeted, then closed the connection at each RCPT (or never
+    answered it) until `max_age`; the delay warning named it (`Remote-MTA`), the expiry's DSN
+    did not, though its last failure (in Pigeon's words, `X-Pigeon;`) was at that server. The
+    message expires waiting for its next retry (its row says where it last failed), or at the
+    end of an attempt that outlived `max_age`."""
+    with AnswerSink(answers, delays=delays) as sink, ScriptedSink() as dsn_sink:
+        config = _with_dsn_sink(delivery_config(sink.endpoint, **settings), dsn_sink)
+        with PigeonProcess(tmp_path / "node", **config) as pigeon:
+            _send(pigeon, ["lost@example.net"])
+            (dsn,) = dsn_sink.wait_for(1, timeout=30)
+            block = _status_blocks(dsn.email)["lost@example.net"]
+            assert block["Diagnostic-Code"].startswith("X-Pigeon; 554 5.4.7 Message expired"), str(block)
+            assert said in block["Diagnostic-Code"] and "RCPT TO" in block["Diagnostic-Code"], str(block)
+            assert block["Remote-MTA"] == "dns; [127.0.0.1]", str(block)
+            assert (block["Action"], block["Status"]) == ("failed", "5.4.7")
+            assert len(pigeon.records("TransientFailure")) == (1 if "retry_interval" in settings else 0)

@@ -36,6 +36,8 @@ or from the first byte with `implicit_tls`, a port 465); a wrong password gets `
 `auth_attempts` records each (mechanism, user, whether it was taken), and a message's
 `Received.auth_user` the user its connection authenticated as.
 
+`HangUpSink` takes each connection and ends it at once, greeting none (a reset, or a close).
+
 `TurnAwaySink` turns every client away, with a reply of its choosing as its greeting or as
 its answer to EHLO (a provider's "421 4.7.0 Try again later, closing connection"), then
 closes.
@@ -50,6 +52,7 @@ import random
 import smtplib
 import socket
 import ssl
+import struct
 import subprocess
 import threading
 import time
@@ -561,6 +564,26 @@ class TurnAwaySink(_SocketSink):
                 rest += chunk
             with self._lock:
                 self.received += [raw.removesuffix(b"\r").decode(errors="replace") for raw in rest.split(b"\n") if raw]
+
+
+class HangUpSink(_SocketSink):
+    """A next hop that takes each TCP connection and ends it at once without a word (no
+    greeting): with a reset (`reset`, SO_LINGER 0), or a plain close. `connections` counts them."""
+
+    def __init__(self, *, reset: bool = True, host: str = "127.0.0.1", port: int | None = None) -> None:
+        self.reset = reset
+        self.connections = 0
+        super().__init__(host, "hang-up-sink", port)
+
+    def _accepted(self) -> None:
+        with self._lock:
+            self.connections += 1
+
+    def _serve(self, connection: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            if self.reset:
+                connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        connection.close()
 
 
 class AnswerSink(_SocketSink):

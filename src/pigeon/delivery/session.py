@@ -41,6 +41,7 @@ import fcntl
 import functools
 import ipaddress
 import logging
+import os
 import socket
 import ssl
 import struct
@@ -100,7 +101,8 @@ class ClientOptions:
 
 class ConnectFailed(Exception):
     """No hop of the destination could be used. `reply` is the last reason; `site_down`
-    says that no host took a connection at all (each refused it or timed out), as opposed
+    says that no host took a connection at all (each refused it, timed out, or ended it before
+    a word of its greeting), as opposed
     to a host that answered and would not do (a 421, a failed TLS handshake), or one left
     untried for a lookup (of its addresses, of its TLSA records) that failed for now. `peer` is that
     host, when one answered (as `ClientConnection.peer` names it), and `tls` its TLS, when
@@ -202,7 +204,28 @@ async def _this_node_among(
 
 
 class _NoConnection(ConnectFailed):
-    """This address did not take the TCP connection (refused, unreachable, timed out)."""
+    """This address did not take the TCP connection (refused, unreachable, timed out), or ended
+    it before a word of its greeting (reset, closed: a host that did not answer). `said`:
+    where (the peer, and the address it was tried from) and why, for a reason naming several."""
+
+    def __init__(self, reply: Reply, said: tuple[str, str]) -> None:
+        super().__init__(reply)
+        self.said = said
+
+
+# Addresses a reason names one by one when none took the connection; the rest are counted.
+_NAMED_UNTAKEN: Final = 3
+
+
+def _none_took_it(untaken: Sequence[tuple[str, str]]) -> Reply:
+    """The reason for addresses of which none took the connection (`_NoConnection.said` of each,
+    in the order tried): each, then (of many) how many more and what they did. The last alone
+    would hide that the others were tried."""
+    text = "; nor to ".join(f"{where}: {why}" for where, why in untaken[:_NAMED_UNTAKEN])
+    rest = untaken[_NAMED_UNTAKEN:]
+    if rest:
+        text += f"; nor to {len(rest)} more: {', '.join(dict.fromkeys(why for _, why in rest))}"
+    return Reply(451, "4.4.1", (f"cannot connect to {text}",))
 
 
 class _HandshakeFailed(ConnectFailed):
@@ -384,6 +407,8 @@ class _Wire(asyncio.Protocol):
         self.content_wait = False  # the wait is a transaction's, whose content may take long to go
         self.unsent_seen = 0  # what `unsent` said when last looked at (progress of a long content)
         self.dropped = False  # the server closed or reset it (not our timeout, nor a broken protocol)
+        self.heard = False  # a byte came from the server (in the clear, or over TLS)
+        self.reset_by = ""  # the system's words for a reset that ended it ("Connection reset by peer")
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport, but are one.
@@ -428,6 +453,7 @@ class _Wire(asyncio.Protocol):
             raw.abort()
 
     def data_received(self, data: bytes) -> None:
+        self.heard = True
         session = self.session
         seen = session.replies_received
         session.receive_data(data)
@@ -447,6 +473,7 @@ class _Wire(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if exc is not None and self.error is None:
             self.dropped = True  # (a reset; None: closed by us, or after the end `eof_received` saw)
+            self.reset_by = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
         self.fail(Reply(451, "4.4.2", (f"connection lost: {exc}",)) if exc is not None else _CLOSED)
 
     def pump(self) -> None:
@@ -662,6 +689,7 @@ class ClientConnection:
         # (a timeout, SERVFAIL, a TLSA lookup) may be the host that is up: the site is not down.
         untried: list[str] = []
         unresolved = False
+        untaken: list[tuple[str, str]] = []  # the addresses that took no connection, and why
         first = avoid is None and sessions == 0  # (not `smtp_agent`'s move to another host)
         if sts is not None and _REFUSED_BY_POLICY and sts.enforced:
             hops = _refused_last(sts, hops)
@@ -729,7 +757,9 @@ class ClientConnection:
                 usable = [a for a in addresses if ipaddress.ip_address(a).version == family]
                 if not usable:
                     reason = f"{hop.host} has no IPv{family} address to reach from {options.bind}"
-                    last = ConnectFailed(Reply(451, "4.4.1", (reason,)))
+                    if not tried:  # (as a failed lookup: named after what the hosts tried did)
+                        last = ConnectFailed(Reply(451, "4.4.1", (reason,)))
+                    untried.append(reason)
                     spent += 1
                     done.append(f"{hop.host} (no IPv{family} address)")
                     continue
@@ -760,6 +790,7 @@ class ClientConnection:
                         _REFUSED_BY_POLICY.pop((sts.domain, sts.policy_id, hop.host), None)  # (fixed)
                     return connection
                 except _NoConnection as error:
+                    untaken.append(error.said)
                     if not connected:  # (a host that answered said more than one that would not connect)
                         last = error.with_traceback(None)  # (kept without the frames it came through)
                     continue
@@ -840,6 +871,8 @@ class ClientConnection:
             raise ConnectFailed(
                 Reply(550, "5.4.4", (f"host or domain name not found: no MX host has an address: {said}",))
             )
+        if not connected and not cut and len(untaken) > 1:
+            last = ConnectFailed(_none_took_it(untaken))
         if tried and untried:
             # What the hosts tried did, then why the others were not tried: the reply, the
             # message's last_response and its DSN name both (the lookup alone hid a refused
@@ -889,17 +922,22 @@ class ClientConnection:
             credentials=destination.auth,
         )
         wire = _Wire(loop, session)
+        origin = f" from {options.bind}" if options.bind is not None else ""
         try:
             async with asyncio.timeout(options.connect_timeout):
                 local = (options.bind, 0) if options.bind is not None else None
                 await loop.create_connection(lambda: wire, address, hop.port, local_addr=local)
         except (OSError, TimeoutError) as error:
-            reason = "timed out" if isinstance(error, TimeoutError) else (error.strerror or str(error))
-            origin = f" from {options.bind}" if options.bind is not None else ""
+            # The system's words for the errno (asyncio's loop says "Connect call failed (address)"
+            # instead, uvloop's "Connection refused"): a reset then reads as one a moment later.
+            if isinstance(error, TimeoutError):
+                reason = "timed out"
+            else:
+                reason = os.strerror(error.errno) if error.errno else (error.strerror or str(error))
             reply = Reply(451, "4.4.1", (f"cannot connect to {peer}{origin}: {reason}",))
             if isinstance(error, OSError) and error.errno in _LOCAL_ERRORS:
                 raise ConnectFailed(reply) from None  # our side's fault: says nothing of the site
-            raise _NoConnection(reply) from None
+            raise _NoConnection(reply, (f"{peer}{origin}", reason)) from None
         connection = cls(wire, peer=peer, options=options, host=hop.host, address=address)
         connection.opened_with = (hop, destination, policy, dane)
         connection.dane = dane
@@ -909,6 +947,14 @@ class ClientConnection:
             await connection._greet(hop, destination)
         except ConnectionLost as error:
             connection.close()
+            if wire.dropped and not wire.heard and connection.tls is None:
+                # Reset or closed before a word: the host did not answer, as when the reset came
+                # before the connection was made (`create_connection` raised), which only the
+                # timing tells apart. The same either way: one that takes no connection (a site
+                # whose every host does this is down), never a counted attempt.
+                reason = wire.reset_by or "closed the connection before its greeting"
+                reply = Reply(451, "4.4.1", (f"cannot connect to {peer}{origin}: {reason}",))
+                raise _NoConnection(reply, (f"{peer}{origin}", reason)) from None
             greeted = session.replies_received > 0  # (a banner other than 220 is Unusable)
             raise ConnectFailed(error.reply, peer=peer, tls=connection.tls, greeted=greeted) from None
         except BaseException:

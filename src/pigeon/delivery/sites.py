@@ -1,6 +1,7 @@
 """Dead sites: a destination none of whose hosts takes a connection is backed off as a whole.
 
-When a connection to a site fails because every host refused it or timed out (not a 421, a
+When a connection to a site fails because every host refused it, timed out, or ended it
+before a word of its greeting (a reset, a close; not a 421, a
 TLS failure, nor while a host was left untried for a DNS lookup that failed for now:
 `Unreachable.site_down`), the site is *down*. Its mail is then
 not tried message by message: the dispatcher defers the message that connection was for

@@ -279,7 +279,8 @@ class Settlement:
             # (A row stored before recipients kept their own has the message's alone.)
             last = recipient.last_response or message.envelope.last_response
             said = (recipient.last_peer, last) if recipient.last_peer and last else None
-            self._expired(outcome, recipient, expired_reply(last, max_age, held), None, said=said)
+            reply = expired_reply(last, max_age, held)
+            self._expired(outcome, recipient, reply, None, said=said, at=recipient.last_host)
         self._keep_held(outcome)
         self._write(outcome, self._policies.for_queue(message.queue).dsn)
 
@@ -540,6 +541,12 @@ class Settlement:
             # Whose words each last reply is: a server's (its host, for an expiry's DSN to
             # name as `Remote-MTA` with its reply as `smtp;`), or Pigeon's own (None).
             peers = [None if cause is not None else _said_by_server(message, attempt, i) for _, _, i in deferred]
+            # Pigeon's own words about a server it reached (the connection broke there): its host,
+            # which the expiry's DSN names as the delay warning does (`Remote-MTA`, `X-Pigeon;`).
+            hosts = [
+                None if cause is not None or peer is not None else _reached(message, attempt, i)
+                for (_, _, i), peer in zip(deferred, peers, strict=True)
+            ]
             due = policy.retry.next_due(message.age_from, attempts, now, self._rng)
             if due is not None and attempt.retry_after is not None:
                 due = min(now + attempt.retry_after, policy.retry.expires(message.age_from))
@@ -562,8 +569,8 @@ class Settlement:
             else:
                 outcome.due = due
                 kept = [
-                    msgspec.structs.replace(recipient, last_response=last, last_peer=peer)
-                    for (recipient, _, _), last, peer in zip(deferred, lasts, peers, strict=True)
+                    msgspec.structs.replace(recipient, last_response=last, last_peer=peer, last_host=host)
+                    for (recipient, _, _), last, peer, host in zip(deferred, lasts, peers, hosts, strict=True)
                 ]
                 outcome.remaining = msgspec.structs.replace(
                     message.envelope,
@@ -654,10 +661,13 @@ class Settlement:
         index: int = -1,
         *,
         said: tuple[str, str] | None = None,
+        at: str | None = None,
     ) -> None:
         """`recipient` (the attempt's recipient `index`) expired: an `Expiration` (with a DSN
         if it may have one), or held. `said`: the host and the reply of a server that gave
-        the recipient's last failure, which its DSN reports (None: Pigeon's own words were)."""
+        the recipient's last failure, which its DSN reports (None: Pigeon's own words were).
+        `at`, expired before an attempt (`attempt` None): the host Pigeon's own words of that
+        last failure were about (`Recipient.last_host`), which its DSN names."""
         message = outcome.entry.message
         fields = self._fields(message, recipient, reply, outcome.attempts, attempt, index)
         withheld, hold = self._withheld(message, recipient)
@@ -675,7 +685,9 @@ class Settlement:
                 host, last = said
                 outcome.failures.append(Failure(recipient, reply, "failed", host, "smtp", attempted, last))
             else:
-                peer = _remote_mta(message, fields["peer"])
+                # A server reached all the same (the connection broke there) is named, as the
+                # delay warning for that failure named it.
+                peer = _remote_mta(message, fields["peer"] if attempt is not None else at)
                 outcome.failures.append(Failure(recipient, reply, "failed", peer, "X-Pigeon", attempted))
 
     def _withheld(self, message: Message, recipient: Recipient) -> tuple[str | None, bool]:
@@ -695,7 +707,7 @@ class Settlement:
             return
         # Each recipient keeps why it is held as its last reply, as one retried keeps its own.
         kept = [
-            msgspec.structs.replace(recipient, last_response=_why(held), last_peer=None)
+            msgspec.structs.replace(recipient, last_response=_why(held), last_peer=None, last_host=None)
             for recipient, held in outcome.held
         ]
         if outcome.remaining is not None:
@@ -918,6 +930,15 @@ def _said_by_server(message: Message, attempt: Attempt, index: int) -> str | Non
     `said_by` of a bounce tells): None for Pigeon's own (no peer, a reply it wrote with a peer
     there: `Attempt.own`) and for an application's target (no mail server)."""
     if not attempt.tried or index in attempt.own or message.envelope.target is not None:
+        return None
+    return _host(attempt.peer_of(index)[0])
+
+
+def _reached(message: Message, attempt: Attempt, index: int) -> str | None:
+    """The host of the server recipient `index` of `attempt` was at when it failed, whoever's
+    words say how: None when it was not tried, no server was reached (a refused connection),
+    or it went to an application's target (no mail server)."""
+    if not attempt.tried or message.envelope.target is not None:
         return None
     return _host(attempt.peer_of(index)[0])
 
