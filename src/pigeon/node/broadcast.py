@@ -1231,7 +1231,9 @@ class Broadcast:
                 edit(held)
                 while len(held) > _OPS_KEPT:
                     del held[min(held, key=lambda op: _op_time(held[op]))]
-                if json.dumps(held, sort_keys=True) != before:
+                if not held:
+                    self._held_ops_path.unlink(missing_ok=True)  # (worker 0 then reads nothing at its looks)
+                elif json.dumps(held, sort_keys=True) != before:
                     temporary = self._held_ops_path.with_name(self._held_ops_path.name + ".tmp")
                     temporary.write_text(json.dumps(held))
                     os.replace(temporary, self._held_ops_path)
