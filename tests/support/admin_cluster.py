@@ -19,10 +19,16 @@ TOKENS = [{"name": "ops", "token": ADMIN, "scopes": ["admin", "read"]}]
 
 @contextmanager
 def admin_cluster(
-    root: Path, sink_endpoint: str, redis_url: str, workers: Sequence[tuple[str, int]], **node: Any
+    root: Path,
+    sink_endpoint: str,
+    redis_url: str,
+    workers: Sequence[tuple[str, int]],
+    *,
+    redis: dict[str, Any] | None = None,
+    **node: Any,
 ) -> Iterator[tuple[PigeonProcess, ...]]:
     """A node per `(name, workers)`, started in that order and stopped together; `node` adds
-    to each one's `[node]` section. Mail waits an hour after a failed attempt."""
+    to each one's `[node]` section, `redis` to its `[redis]`. Mail waits an hour after a failed attempt."""
     with ExitStack() as stack:
         yield tuple(
             stack.enter_context(
@@ -30,7 +36,7 @@ def admin_cluster(
                     root / name,
                     node={"name": name, "workers": count, **node},
                     http={"token": TOKENS},
-                    redis={"url": redis_url, "timeout": "1s"},
+                    redis={"url": redis_url, "timeout": "1s", **(redis or {})},
                     **delivery_config(sink_endpoint, retry_interval="1h"),
                 )
             )

@@ -64,6 +64,15 @@ meanwhile, whose end Redis forgot too, and a standing bounce brought back would 
 once. HSETNX under WATCH of the ended rules: a rule already back, or ended meanwhile, is not
 brought back. A rule the cluster never held stays on its node, as above.
 
+A one-off write still pending on a node (stopped, or not in time) is kept by its origin's node
+too, in its spool (`_hold_op`), until every worker of each node named has answered it (worker 0
+reads the answer lists at its looks: `_follow_ops`) or it is a day old: Redis losing its data
+would lose it with the stream. Worker 0 gives it back to the stream (`_give_ops_back`) when the
+rules' marker is not the one it was when the operation was kept (a loss since, seen as it runs
+or as it starts), for the nodes named alone (`for`), under its own id: each worker keeps the ids
+of the one-off writes it applied (`_applied`, in a file next to its cursor) and applies none
+twice. One past `late_operations` is not given back, but named in a WARNING.
+
 One id, one rule: a rule asked for under the id of another the cluster holds (another kind,
 selector or duration) is refused at the origin (409, `id_taken`), Redis's hash looked at under
 a watch, so two nodes asked at once cannot both send one. Only a rule made on a node while Redis
@@ -81,6 +90,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -142,6 +152,7 @@ _ANSWERS_KEPT: Final = 600  # seconds an answer list lives (the origin reads it 
 _STREAM_LENGTH: Final = 10_000  # entries kept (approximately) in the stream
 _BLOCK_MS: Final = 1000
 _WATCH_TRIES: Final = 10  # a write's look at the rules in Redis, changed meanwhile by another: again
+_OPS_KEPT: Final = 1_000  # one-off writes kept for nodes that have not applied them (the latest)
 _ENDED_KNOWN: Final = 10_000  # rules ended a worker remembers, to give back (the latest)
 # Seconds after Redis lost its data within which every live worker has said it is there again:
 # it renews every `_RENEW` s, between reads that block up to `_BLOCK_MS`, and a margin for a
@@ -270,6 +281,15 @@ class Broadcast:
         """Answers to the writes applied by `join` (answer list, reply, when sent), pushed by
         `consume`: none waits on Redis during the start."""
         self._synced = False  # whether the rules were taken from Redis since it last failed
+        self._held_ops_path = config.spool.path / "admin-pending-ops.json"
+        """The one-off writes issued through this node still pending on another (`around`), kept
+        until each named node has applied them or they are too old: given back to a Redis that
+        lost its data (worker 0: `_give_ops_back`)."""
+        self._stopped_workers: dict[str, int] = {}  # (`_present`) the workers of each node stopped
+        self._applied_path = config.spool.path / f"admin-stream-{worker}.ops"
+        self._applied: dict[str, float] = self._saved_applied()
+        """The one-off writes this worker applied (op -> when issued), kept as long as one may
+        be given back to it: applied once, however often the stream holds it."""
         self._unsent: list[_Unsent] = []
         """Rule writes made here while Redis was away, sent once it answers (`send_unsent`)."""
 
@@ -321,6 +341,7 @@ class Broadcast:
             refused = await self._append(op, method, path, body, operator, now, change, ending)
             if refused is not None:
                 return refused
+            marker: Any = await self._redis.get(self._kept) if change is None else None
             self._learn(change, now)  # (a node of one worker: before it reads its own entry back)
         except (RedisError, OSError) as error:
             status, answer = await local()
@@ -372,6 +393,14 @@ class Broadcast:
         not_running = {node: at for node, at in stopped.items() if write and node not in remote}
         for node in not_running:
             nodes[node] = AT_START if change is not None else "pending"
+        if write and change is None and status < 400:
+            # Kept here until applied there: the stream alone would lose it with Redis's data.
+            waited = {node: expected[node] - len(remote.get(node, ())) for node in pending}
+            waited.update({node: self._stopped_workers.get(node, 1) for node in not_running})
+            entry = {"op": op, "origin": self.origin, "node": self.node, "method": method, "path": path,
+                     "body": body, "operator": operator, "time": repr(now)}  # fmt: skip
+            if waited:
+                self._hold_op(entry, waited, marker)
         merged_status, merged = merge(answers)
         if isinstance(merged, dict):
             if write and "already" in merged:
@@ -555,6 +584,7 @@ class Broadcast:
                     present[seen["node"]] = present.get(seen["node"], 0) + int(seen["workers"])
                 elif (last := last_seen(seen)) > now - REMEMBERED:
                     stopped[seen["node"]] = max(stopped.get(seen["node"], 0.0), last)
+                    self._stopped_workers[seen["node"]] = int(seen.get("workers", 1))
                 else:
                     forgotten.append(origin)
         if forgotten:  # (any node may tidy them up: each says the same of them)
@@ -714,6 +744,7 @@ class Broadcast:
             given = await self._give_back()
         else:
             self._marker = kept
+        await self._give_ops_back(self._marker)
         rules: dict[Any, Any] = await self._redis.hgetall(self._rules)
         ended: dict[Any, Any] = await self._redis.hgetall(self._ended)
         if given:  # (else what this worker knew is kept, for its next look to give back)
@@ -880,12 +911,13 @@ class Broadcast:
     async def _answer_joined(self) -> None:
         """Push the answers to the writes `join` applied that their origin may still wait for
         (it waits `WRITE_WAIT` for a node that was present: one killed a moment before, say)."""
-        waited = [(key, reply) for key, reply, sent in self._join_answers if time.time() - sent < WRITE_WAIT]
+        kept = max(WRITE_WAIT, self._late)  # (the node that keeps an operation for this one learns it was applied)
+        waited = [(key, reply) for key, reply, sent in self._join_answers if time.time() - sent < kept]
         if waited:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for key, reply in waited:
                     pipe.rpush(key, reply)
-                    pipe.expire(key, _ANSWERS_KEPT)
+                    pipe.expire(key, self._answers_kept())
                 await pipe.execute()
         self._join_answers.clear()
 
@@ -916,6 +948,15 @@ class Broadcast:
         self._learn(change, issued)
         if origin == self.origin:
             return False  # the origin applied it to its workers itself
+        if b"for" in raw:  # given back after Redis lost its data (`_give_ops_back`): for the nodes named
+            with contextlib.suppress(ValueError, TypeError):
+                if self.node not in json.loads(raw[b"for"]):
+                    return False
+        if change is None and method != "GET" and op in self._applied:
+            _log.info(
+                "admin stream: %s %s (operation %s) was applied here already: not applied again", method, path, op
+            )
+            return False
         # How late it comes: since it was sent (a rule made while its node was cut off from
         # Redis is dated when it was made, and sent once Redis answered: `send_unsent`).
         sent = issued
@@ -955,6 +996,9 @@ class Broadcast:
         except Exception as error:  # one bad entry must not stop the stream for good
             _log.exception("admin stream: %s %s failed here", method, path)
             status, answer = 500, {"error": f"node {self.node} failed to apply it: {error!r}"}
+        if change is None and method != "GET":
+            self._applied[op] = sent
+            self._save_applied()
         if status == 409 and isinstance(answer, dict):
             # Another rule has its id here (made while this node was cut off from Redis): kept, not
             # replaced; the origin's answer is this refusal, naming it.
@@ -964,13 +1008,14 @@ class Broadcast:
         reply = json.dumps({"node": self.node, "worker": self._worker, "status": status, "answer": answer})
         key = self._answers + op
         if answers is not None:
-            if time.time() - sent < WRITE_WAIT:  # (else its origin stopped waiting for it)
+            # (else its origin stopped waiting for it, and no longer keeps it for this node)
+            if time.time() - sent < max(WRITE_WAIT, self._late):
                 answers.append((key, reply, sent))
             return method != "GET"
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
                 pipe.rpush(key, reply)
-                pipe.expire(key, _ANSWERS_KEPT)
+                pipe.expire(key, self._answers_kept())
                 await pipe.execute()
         except (RedisError, OSError) as error:
             _log.warning("admin stream: applied %s %s, but could not answer: %s", method, path, error)
@@ -1000,8 +1045,11 @@ class Broadcast:
         if not self._lost(kept):
             self._marker = kept
             self._remember(dict.fromkeys(ids))
+            await self._follow_ops()
+            await self._give_ops_back(kept)
             return True
-        await self._give_back()
+        if await self._give_back():
+            await self._give_ops_back(self._marker)
         return False
 
     def _lost(self, kept: Any) -> bool:
@@ -1152,6 +1200,163 @@ class Broadcast:
                 return len(given), len(removed)
         raise WatchError(f"the nodes' presence changed {_WATCH_TRIES} times while it was being given back")
 
+    # --- one-off writes pending on another node, kept for Redis's sake -------------------------
+    def _hold_op(self, entry: dict[str, Any], waited: dict[str, int], marker: Any) -> None:
+        """Keep `entry` (a one-off write issued here) for the nodes that have not applied it yet
+        (node -> its workers still to answer), in this node's spool: the stream alone would lose
+        it with Redis's data, and the node would never apply what it was told it would. `marker`:
+        the rules' marker then (`_kept`), another one later says Redis lost its data since."""
+        kept = {field: value.decode("latin-1") if isinstance(value, bytes) else value for field, value in entry.items()}
+        said = marker.decode(errors="replace") if isinstance(marker, bytes) else None
+
+        def add(held: dict[str, Any]) -> None:
+            held[str(entry["op"])] = {"entry": kept, "for": waited, "marker": said}
+
+        self._edit_held_ops(add)
+
+    def _edit_held_ops(self, edit: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+        """Read the operations this node keeps, let `edit` change them, and write them back if it
+        did, under a lock: the origin (the supervisor) adds, worker 0 drops. What they are after."""
+        try:
+            with open(self._held_ops_path.with_suffix(".lock"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                held: dict[str, Any] = {}
+                with contextlib.suppress(OSError, ValueError):
+                    read = json.loads(self._held_ops_path.read_bytes())
+                    held = read if isinstance(read, dict) else {}
+                before = json.dumps(held, sort_keys=True)
+                now = time.time()
+                for op in [op for op, kept in held.items() if _op_time(kept) < now - REMEMBERED]:
+                    del held[op]  # (too old to say anything of, even after a loss)
+                edit(held)
+                while len(held) > _OPS_KEPT:
+                    del held[min(held, key=lambda op: _op_time(held[op]))]
+                if not held:
+                    self._held_ops_path.unlink(missing_ok=True)  # (worker 0 then reads nothing at its looks)
+                elif json.dumps(held, sort_keys=True) != before:
+                    temporary = self._held_ops_path.with_name(self._held_ops_path.name + ".tmp")
+                    temporary.write_text(json.dumps(held))
+                    os.replace(temporary, self._held_ops_path)
+                return held
+        except OSError as error:
+            _log.warning("admin stream: cannot keep the operations pending on other nodes %s: %s",
+                         self._held_ops_path, error)  # fmt: skip
+            return {}
+
+    async def _follow_ops(self) -> None:
+        """Worker 0: drop the operations kept here (`_hold_op`) once every node named has applied
+        them (each of its workers has answered)."""
+        if self._worker != 0 or not self._held_ops_path.exists():
+            return
+        held = self._edit_held_ops(lambda held: None)
+        if not held:
+            return
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for op in held:
+                pipe.lrange(self._answers + op, 0, -1)
+            said: list[Any] = await pipe.execute()
+        answered: dict[str, dict[str, int]] = {}
+        for op, replies in zip(held, said, strict=True):
+            for reply in replies:
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    node = str(json.loads(reply)["node"])
+                    answered.setdefault(op, {})[node] = answered.get(op, {}).get(node, 0) + 1
+
+        def drop(held: dict[str, Any]) -> None:
+            for op, counts in answered.items():
+                kept = held.get(op)
+                if not isinstance(kept, dict) or not isinstance(kept.get("for"), dict):
+                    continue
+                kept["for"] = {node: n for node, n in kept["for"].items() if counts.get(node, 0) < n}
+                if not kept["for"]:
+                    del held[op]
+
+        if answered:
+            self._edit_held_ops(drop)
+
+    async def _give_ops_back(self, marker: Any) -> None:
+        """Worker 0: append again to the stream the operations kept here for nodes that have not
+        applied them, if Redis lost its data since they were kept (the rules' marker, now `marker`,
+        is another: this worker may have been stopped meanwhile), each for those nodes alone
+        (`for`), under its own id (a node applies an operation once: `_applied`); one too old to
+        be applied late ([redis] late_operations) cannot be, and a WARNING names it and the nodes
+        that missed it."""
+        if self._worker != 0 or marker is None or not self._held_ops_path.exists():
+            return
+        now = time.time()
+        said = marker.decode(errors="replace") if isinstance(marker, bytes) else str(marker)
+        late: dict[str, Any] = {}
+        held: dict[str, Any] = {}
+
+        def lost(kept: dict[str, Any]) -> None:
+            for op, one in list(kept.items()):
+                if not isinstance(one, dict) or one.get("marker") == said:
+                    continue
+                if now - _op_time(one) > self._late:
+                    late[op] = kept.pop(op)
+                else:
+                    held[op] = one
+
+        self._edit_held_ops(lost)
+        for op, kept in late.items():
+            with contextlib.suppress(KeyError, TypeError, AttributeError):
+                entry = kept["entry"]
+                _log.warning(
+                    "admin stream: Redis lost its data: operation %s (%s %s by %s, issued through node %s %.0fs ago) "
+                    "was not applied yet on node(s) %s, and is past [redis] late_operations (%.0fs): not given back; "
+                    "issue it again there if it still stands",
+                    op, entry["method"], entry["path"], entry["operator"], entry["node"], now - _op_time(kept),
+                    ", ".join(sorted(kept["for"])), self._late,
+                )  # fmt: skip
+        given: list[str] = []
+        sent: list[str] = []
+        for op, kept in held.items():
+            with contextlib.suppress(KeyError, TypeError, AttributeError):
+                fields = {field: str(value).encode("latin-1") for field, value in kept["entry"].items()}
+                fields["for"] = json.dumps(sorted(kept["for"])).encode()
+                await self._redis.xadd(self._stream, fields, maxlen=_STREAM_LENGTH, approximate=True)  # type: ignore[arg-type]
+                sent.append(op)
+                given.append(
+                    f"{op} ({kept['entry']['method']} {kept['entry']['path']} for {', '.join(sorted(kept['for']))})"
+                )
+
+        def mark(kept: dict[str, Any]) -> None:
+            for op in sent:
+                if isinstance(kept.get(op), dict):
+                    kept[op]["marker"] = said  # (given back once for this loss)
+
+        if sent:
+            self._edit_held_ops(mark)
+        if given:
+            _log.warning(
+                "admin stream: Redis lost its data: %d operation(s) issued through this node and not yet applied on "
+                "the nodes named given back: %s",
+                len(given),
+                "; ".join(given),
+            )
+
+    def _answers_kept(self) -> int:
+        """Seconds an answer list lives: long enough for the origin to read it, and for the node
+        that keeps an operation pending on this one to learn it was applied (`_follow_ops`)."""
+        return max(_ANSWERS_KEPT, int(self._late) + 60)
+
+    def _saved_applied(self) -> dict[str, float]:
+        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+            read = json.loads(self._applied_path.read_bytes())
+            return {str(op): float(at) for op, at in read.items()}
+        return {}
+
+    def _save_applied(self) -> None:
+        # Kept while an operation may still be applied late, and a while longer: a clock's margin.
+        past = time.time() - 2 * self._late - 60
+        self._applied = {op: at for op, at in self._applied.items() if at > past}
+        temporary = self._applied_path.with_name(self._applied_path.name + ".tmp")
+        try:
+            temporary.write_text(json.dumps(self._applied))
+            os.replace(temporary, self._applied_path)
+        except OSError as error:
+            _log.warning("admin stream: cannot save the operations applied %s: %s", self._applied_path, error)
+
     def _saved_cursor(self) -> str | None:
         with contextlib.suppress(OSError):
             return self._cursor_path.read_text().strip() or None
@@ -1210,6 +1415,13 @@ class Broadcast:
             os.replace(temporary, self._cursor_path)
         except OSError as error:
             _log.warning("admin stream: cannot save the cursor %s: %s", self._cursor_path, error)
+
+
+def _op_time(kept: Any) -> float:
+    """When an operation kept for another node (`Broadcast._hold_op`) was issued (0: not known)."""
+    with contextlib.suppress(KeyError, TypeError, ValueError):
+        return float(kept["entry"]["time"])
+    return 0.0
 
 
 def _stream_id(entry: str) -> tuple[int, int]:
