@@ -19,7 +19,7 @@ from pigeon.cli.common import add_config_option, load_config
 from pigeon.config.schema import DURATION_TEXT, DURATION_UNITS
 from pigeon.delivery.classify import known_classes
 from pigeon.logs.peer_text import shown
-from pigeon.logs.reader import follow, merged_lines
+from pigeon.logs.reader import follow, merged_lines, segments
 from pigeon.logs.records import RECORD_TYPES
 from pigeon.message import parse_id
 from pigeon.smtp.address import POSTMASTER_PATTERN, a_label, check, same_mailbox_key
@@ -296,6 +296,11 @@ def run(args: argparse.Namespace) -> int:
         hint = "" if directory.is_absolute() else f" (relative to {Path.cwd()}; give -c FILE or --dir)"
         print(f"pigeon: no log directory: {given} {directory} {why}{hint}", file=sys.stderr)
         return 2
+    if not args.follow and not segments(directory):
+        # Else nothing printed, exit 0, as for a log without such mail: say there is no log here.
+        given = "--dir" if args.dir is not None else "[log] path"
+        print(f"pigeon: note: {given} {directory} holds no event log (no *.jsonl segment): nothing to show",
+              file=sys.stderr)  # fmt: skip
     known = {kind.__name__.lower(): kind.__name__ for kind in RECORD_TYPES}
     wanted = set()
     for kind in args.type or ():

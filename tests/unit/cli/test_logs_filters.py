@@ -373,3 +373,13 @@ def test_the_help_and_the_readme_describe_the_domain_filter() -> None:
     assert "--domain" in EXAMPLES
     readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
     assert "`--domain DOMAIN` (the recipients' domain" in readme
+
+
+def test_a_directory_without_an_event_log_is_said_to_hold_none(tmp_path: Path) -> None:
+    # `pigeon logs --dir /etc` printed nothing and exited 0, as for a log without such mail.
+    (tmp_path / "pigeon.toml").write_text("")
+    shown = _logs(tmp_path)
+    assert (shown.returncode, shown.stdout) == (0, "")
+    assert f"--dir {tmp_path} holds no event log (no *.jsonl segment): nothing to show" in shown.stderr
+    _write(tmp_path, time.time())
+    assert "holds no event log" not in _logs(tmp_path).stderr
