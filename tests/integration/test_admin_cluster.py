@@ -331,6 +331,10 @@ def test_without_redis_an_operation_applies_on_the_node_asked_and_says_the_other
     assert status == 200, answer
     assert "this node's answer only; the other nodes were not asked" in answer["cluster"]["error"], answer
     assert "issue it again" not in answer["cluster"]["error"]
+    # `pigeon top --once --cluster` exits as the other reads of the cluster do (it exited 0).
+    top = zygote.run(["top", "--once", "--cluster", "-c", str(a.config_path), "--token", READER], text=True, timeout=60)
+    assert top.returncode == 75, (top.stdout, top.stderr)
+    assert "cluster: a done  (Redis cannot be reached" in top.stdout  # (cut at the terminal's width)
     # When Redis is back, operations reach every node again.
     redis_server.start()
     status, answer = wait_until(

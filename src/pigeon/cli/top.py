@@ -13,8 +13,8 @@ from typing import Any, Final
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from pigeon.cli.admin import NOT_A_CLUSTER, cluster_path
-from pigeon.cli.api import ApiClient, add_api_options, fail, is_partial, printable
+from pigeon.cli.admin import NOT_A_CLUSTER, _left_out, cluster_path
+from pigeon.cli.api import TEMPFAIL, ApiClient, add_api_options, fail, is_partial, printable
 
 EXAMPLES = """examples:
   pigeon top                      # refresh every 2 seconds until Ctrl-C
@@ -90,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         while True:
             time.sleep(min(args.interval, 1.0) if args.once else args.interval)  # rates need an interval
             status, queues = client.request("GET", cluster_path(args, "/api/v1/queues"))
+            answer = queues
             unavailable = None
             missing = None
             if is_partial(status, queues):  # a worker restarting: the others' queues, and which is missing
@@ -120,7 +121,10 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write(text)
             sys.stdout.flush()
             if args.once:
-                return 0
+                # As every read exits: 75 when its answer leaves out a worker or, asked of the
+                # cluster, a node (Redis away: this node's alone), so that a script can tell.
+                left_out = missing or (args.cluster and status == 200 and _left_out(answer))
+                return TEMPFAIL if left_out else 0
             previous, started = counters, time.monotonic()
     except KeyboardInterrupt:
         return 0
