@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from pigeon.message import parse_id, shard_of
-from tests.support.admin_cluster import ADMIN, admin_cluster, admin_command
+from tests.support.admin_cluster import ADMIN, admin_cluster, admin_command, inject
 from tests.support.process import PigeonProcess
 from tests.support.services import RedisServer
 from tests.support.sinks import ScriptedSink, wait_until
@@ -39,24 +39,6 @@ def _api(node: PigeonProcess, method: str, path: str, body: Any = None) -> tuple
     return node.http_call(method, path, body, ADMIN)
 
 
-def _inject(node: PigeonProcess, recipient: str, count: int) -> list[str]:
-    """`count` messages to `recipient`, by the API: a supervisor passes them to its workers in turn."""
-    ids = []
-    for n in range(count):
-        status, answer = node.http_post(
-            "/api/v1/inject",
-            {
-                "envelope_sender": "sender@example.org",
-                "content": f"From: a@example.org\r\nSubject: {n}\r\n\r\nhello\r\n",
-                "recipients": [{"email": recipient}],
-            },
-            node.local_token,
-        )
-        assert status == 200, answer
-        ids.append(str(answer["recipients"][0]["id"]))
-    return ids
-
-
 @pytest.mark.parametrize("ended", ["resumed after", "ran out meanwhile"])
 def test_a_bounce_and_a_hold_by_id_issued_while_their_node_was_stopped_are_applied_there_before_it_delivers(
     cluster: tuple[PigeonProcess, PigeonProcess], sink: ScriptedSink, ended: str
@@ -72,7 +54,7 @@ def test_a_bounce_and_a_hold_by_id_issued_while_their_node_was_stopped_are_appli
     assert shown.returncode == 0, shown.stdout + shown.stderr
     suspension = json.loads(shown.stdout)["rule"]["id"]
     made = time.monotonic()
-    ids = _inject(a, "user@d1.test", 4)
+    ids = inject(a, "user@d1.test", 4)
     assert sorted(shard_of(parse_id(spool_id)) for spool_id in ids) == [0, 0, 1, 1], ids  # each worker has two
     bounced, held = ids[:2], ids[2:]  # (one of each worker's in each)
     a.stop()
@@ -106,8 +88,8 @@ def test_a_write_by_id_while_redis_is_away_says_the_other_nodes_were_not_reached
     # 200), and a delivered X later. So did the others: exit 0 for an answer of b alone.
     a, b = cluster
     _api(a, "POST", "/api/v1/admin/suspend", {"domain": "d1.test"})
-    [elsewhere] = _inject(a, "user@d1.test", 1)
-    [here] = _inject(b, "user@d1.test", 1)
+    [elsewhere] = inject(a, "user@d1.test", 1)
+    [here] = inject(b, "user@d1.test", 1)
     redis_server.kill()
     shown = admin_command(b, "bounce", "--id", elsewhere, "--id", here, "--reason", "r")
     assert shown.returncode == 75, shown.stdout + shown.stderr

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.admin_cluster import admin_cluster, admin_command
-from tests.support.process import PigeonProcess
+from tests.support.admin_cluster import admin_cluster, admin_command, inject
 from tests.support.services import RedisServer
 from tests.support.sinks import ScriptedSink, wait_until
 
@@ -26,20 +25,6 @@ def sink() -> Iterator[ScriptedSink]:
         yield running
 
 
-def _inject(node: PigeonProcess, recipient: str, count: int) -> None:
-    for n in range(count):
-        status, answer = node.http_post(
-            "/api/v1/inject",
-            {
-                "envelope_sender": "sender@example.org",
-                "content": f"From: a@example.org\r\nSubject: {n}\r\n\r\nhello\r\n",
-                "recipients": [{"email": recipient}],
-            },
-            node.local_token,
-        )
-        assert status == 200, answer
-
-
 @pytest.mark.parametrize("issuer", ["running", "stopped meanwhile"])
 def test_a_bounce_pending_on_a_stopped_node_is_applied_there_once_after_redis_lost_its_data(
     tmp_path: Path, sink: ScriptedSink, redis_server: RedisServer, issuer: str
@@ -50,7 +35,7 @@ def test_a_bounce_pending_on_a_stopped_node_is_applied_there_once_after_redis_lo
     with admin_cluster(tmp_path, sink.endpoint, redis_server.url, (("a", 2), ("b", 1), ("c", 1))) as (a, b, c):
         shown = admin_command(a, "suspend", "--domain", "a3.test")
         assert shown.returncode == 0, shown.stdout + shown.stderr
-        _inject(c, "user@a3.test", 45)
+        inject(c, "user@a3.test", 45)
         c.stop()
         shown = admin_command(a, "bounce", "--domain", "a3.test", "--reason", "x")
         assert shown.returncode == 75, shown.stdout + shown.stderr

@@ -51,3 +51,22 @@ def admin_command(node: PigeonProcess, *args: str) -> subprocess.CompletedProces
         text=True,
         timeout=90,
     )
+
+
+def inject(node: PigeonProcess, recipient: str, count: int) -> list[str]:
+    """`count` messages to `recipient`, by the API (a supervisor passes them to its workers in
+    turn): their ids."""
+    ids = []
+    for n in range(count):
+        status, answer = node.http_post(
+            "/api/v1/inject",
+            {
+                "envelope_sender": "sender@example.org",
+                "content": f"From: a@example.org\r\nSubject: {n}\r\n\r\nhello\r\n",
+                "recipients": [{"email": recipient}],
+            },
+            node.local_token,
+        )
+        assert status == 200, answer
+        ids.append(str(answer["recipients"][0]["id"]))
+    return ids
