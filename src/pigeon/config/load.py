@@ -1382,11 +1382,11 @@ def unwritable_directory(config: Config, path: Path | None, text: str | None) ->
         try:
             if directory.exists():
                 continue
-            existing = next(parent for parent in directory.absolute().parents if parent.exists())
-            if not existing.is_dir() or os.access(existing, os.W_OK | os.X_OK):
+            existing = _nearest_existing(directory.absolute())
+            if existing is None or not existing.is_dir() or os.access(existing, os.W_OK | os.X_OK):
                 continue  # (a file in the way: said by the load)
             read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
-        except (OSError, StopIteration):
+        except OSError:
             continue  # (not ours to look into: the start says what it finds)
         if read_only:
             reason = f"{directory} cannot be made: {existing} is on a read-only file system"
@@ -1403,12 +1403,17 @@ def _user() -> str:
         return f"uid {os.geteuid()}"
 
 
+def _nearest_existing(directory: Path) -> Path | None:
+    """`directory` if it is there, else the nearest of its parents that is (raises OSError)."""
+    return next((path for path in (directory, *directory.parents) if path.exists()), None)
+
+
 def _check_directories(config: Config, fail: Callable[..., ConfigError]) -> None:
     """The spool's and the log's directories must be directories, or be creatable: a file in
     their way would fail the start later with an errno and no key to fix."""
     for keys, directory in directories(config):
         try:
-            existing = next((p for p in (directory, *directory.parents) if p.exists()), None)
+            existing = _nearest_existing(directory)
             if existing is None or existing.is_dir():
                 continue
         except OSError:

@@ -208,9 +208,9 @@ class _NoConnection(ConnectFailed):
     it before a word of its greeting (reset, closed: a host that did not answer). `said`:
     where (the peer, and the address it was tried from) and why, for a reason naming several."""
 
-    def __init__(self, reply: Reply, said: tuple[str, str]) -> None:
-        super().__init__(reply)
-        self.said = said
+    def __init__(self, where: str, why: str) -> None:
+        super().__init__(Reply(451, "4.4.1", (f"cannot connect to {where}: {why}",)))
+        self.said = (where, why)
 
 
 # Addresses a reason names one by one when none took the connection; the rest are counted.
@@ -934,10 +934,10 @@ class ClientConnection:
                 reason = "timed out"
             else:
                 reason = os.strerror(error.errno) if error.errno else (error.strerror or str(error))
-            reply = Reply(451, "4.4.1", (f"cannot connect to {peer}{origin}: {reason}",))
             if isinstance(error, OSError) and error.errno in _LOCAL_ERRORS:
-                raise ConnectFailed(reply) from None  # our side's fault: says nothing of the site
-            raise _NoConnection(reply, (f"{peer}{origin}", reason)) from None
+                # Our side's fault: says nothing of the site.
+                raise ConnectFailed(Reply(451, "4.4.1", (f"cannot connect to {peer}{origin}: {reason}",))) from None
+            raise _NoConnection(f"{peer}{origin}", reason) from None
         connection = cls(wire, peer=peer, options=options, host=hop.host, address=address)
         connection.opened_with = (hop, destination, policy, dane)
         connection.dane = dane
@@ -953,8 +953,7 @@ class ClientConnection:
                 # timing tells apart. The same either way: one that takes no connection (a site
                 # whose every host does this is down), never a counted attempt.
                 reason = wire.reset_by or "closed the connection before its greeting"
-                reply = Reply(451, "4.4.1", (f"cannot connect to {peer}{origin}: {reason}",))
-                raise _NoConnection(reply, (f"{peer}{origin}", reason)) from None
+                raise _NoConnection(f"{peer}{origin}", reason) from None
             greeted = session.replies_received > 0  # (a banner other than 220 is Unusable)
             raise ConnectFailed(error.reply, peer=peer, tls=connection.tls, greeted=greeted) from None
         except BaseException:
